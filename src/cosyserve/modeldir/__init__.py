@@ -1,0 +1,1 @@
+"""The official CosyVoice2-0.5B model directory: layout, hyperparameters, generation."""

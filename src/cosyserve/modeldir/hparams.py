@@ -1,0 +1,269 @@
+"""Hyperparameters of a CosyVoice 2 model directory as frozen dataclasses.
+
+Read from ``cosyvoice2.yaml`` (as data, see :mod:`cosyserve.modeldir.yamlread`) and
+``CosyVoice-BlankEN/config.json``. Defaults are the released CosyVoice2-0.5B values.
+"""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cosyserve.errors import ModelDirError
+from cosyserve.modeldir.yamlread import Tagged, read_hyperpyyaml
+
+
+@dataclass(frozen=True)
+class Qwen2Config:
+    """The Qwen2 backbone geometry (``CosyVoice-BlankEN/config.json``)."""
+
+    hidden_size: int = 896
+    intermediate_size: int = 4864
+    num_hidden_layers: int = 24
+    num_attention_heads: int = 14
+    num_key_value_heads: int = 2
+    vocab_size: int = 151936
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Repetition-aware sampling (VALL-E 2) as configured by ``ras_sampling``."""
+
+    top_p: float = 0.8
+    top_k: int = 25
+    win_size: int = 10
+    tau_r: float = 0.1
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    qwen: Qwen2Config = field(default_factory=Qwen2Config)
+    speech_token_size: int = 6561
+    llm_input_size: int = 896
+    llm_output_size: int = 896
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    # Hard-coded in upstream's Qwen2LM.inference: min/max speech tokens per text token.
+    min_token_text_ratio: float = 2.0
+    max_token_text_ratio: float = 20.0
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """eos (6561), the unused 6562 and fill (6563) all end generation."""
+        return tuple(range(self.speech_token_size, self.speech_token_size + 3))
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """``UpsampleConformerEncoder``. Upstream hard-codes the 512-wide pre-lookahead and
+    upsample layers and the 4 ``up_encoders``, so ``output_size`` must be 512."""
+
+    input_size: int = 512
+    output_size: int = 512
+    attention_heads: int = 8
+    linear_units: int = 2048
+    num_blocks: int = 6
+    num_up_blocks: int = 4
+    static_chunk_size: int = 25
+    upsample_stride: int = 2
+
+
+@dataclass(frozen=True)
+class EstimatorConfig:
+    """``CausalConditionalDecoder``, the flow-matching vector field."""
+
+    in_channels: int = 320
+    out_channels: int = 80
+    channels: tuple[int, ...] = (256,)
+    attention_head_dim: int = 64
+    n_blocks: int = 4
+    num_mid_blocks: int = 12
+    num_heads: int = 8
+    act_fn: str = "gelu"
+    static_chunk_size: int = 50
+
+
+@dataclass(frozen=True)
+class CFMConfig:
+    """``CausalConditionalCFM``. ``n_timesteps`` is the value upstream's flow passes."""
+
+    in_channels: int = 240
+    spk_emb_dim: int = 80
+    sigma_min: float = 1e-6
+    t_scheduler: str = "cosine"
+    inference_cfg_rate: float = 0.7
+    n_timesteps: int = 10
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    input_size: int = 512
+    output_size: int = 80
+    spk_embed_dim: int = 192
+    vocab_size: int = 6561
+    input_frame_rate: int = 25
+    token_mel_ratio: int = 2
+    pre_lookahead_len: int = 3
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    cfm: CFMConfig = field(default_factory=CFMConfig)
+    estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+
+
+@dataclass(frozen=True)
+class HiFTConfig:
+    in_channels: int = 80
+    base_channels: int = 512
+    nb_harmonics: int = 8
+    sampling_rate: int = 24000
+    nsf_alpha: float = 0.1
+    nsf_sigma: float = 0.003
+    nsf_voiced_threshold: float = 10.0
+    upsample_rates: tuple[int, ...] = (8, 5, 3)
+    upsample_kernel_sizes: tuple[int, ...] = (16, 11, 7)
+    istft_n_fft: int = 16
+    istft_hop_len: int = 4
+    resblock_kernel_sizes: tuple[int, ...] = (3, 7, 11)
+    resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
+    source_resblock_kernel_sizes: tuple[int, ...] = (7, 7, 11)
+    source_resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
+    lrelu_slope: float = 0.1
+    audio_limit: float = 0.99
+    f0_num_class: int = 1
+    f0_in_channels: int = 80
+    f0_cond_channels: int = 512
+
+    @property
+    def upsample_factor(self) -> int:
+        """Waveform samples per mel frame (480 for the released model)."""
+        total = self.istft_hop_len
+        for rate in self.upsample_rates:
+            total *= rate
+        return total
+
+
+@dataclass(frozen=True)
+class MelConfig:
+    """The prompt-mel extractor (``feat_extractor``: Matcha's ``mel_spectrogram``)."""
+
+    n_fft: int = 1920
+    num_mels: int = 80
+    sampling_rate: int = 24000
+    hop_size: int = 480
+    win_size: int = 1920
+    fmin: float = 0.0
+    fmax: float | None = 8000.0
+    center: bool = False
+
+
+@dataclass(frozen=True)
+class ModelHParams:
+    sample_rate: int = 24000
+    token_frame_rate: int = 25
+    token_mel_ratio: int = 2
+    lm: LMConfig = field(default_factory=LMConfig)
+    flow: FlowConfig = field(default_factory=FlowConfig)
+    hift: HiFTConfig = field(default_factory=HiFTConfig)
+    mel: MelConfig = field(default_factory=MelConfig)
+
+
+def _args(node: Any, name: str) -> dict[str, Any]:
+    if not isinstance(node, Tagged) or not isinstance(node.args, dict):
+        raise ModelDirError(f"cosyvoice2.yaml: '{name}' is not a class definition with arguments")
+    return node.args
+
+
+def _pick(args: dict[str, Any], cls: type) -> dict[str, Any]:
+    """Keep the plain (untagged, non-mapping) yaml arguments that are fields of ``cls``.
+
+    Nested sections are built separately, so tagged and mapping values are skipped.
+    """
+    names = set(cls.__dataclass_fields__)
+    out: dict[str, Any] = {}
+    for key, value in args.items():
+        if key in names and not isinstance(value, Tagged | dict):
+            out[key] = _tuplify(value)
+    return out
+
+
+def _tuplify(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_tuplify(v) for v in value)
+    return value
+
+
+def qwen2_config_from_json(path: Path) -> Qwen2Config:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelDirError(f"{path}: cannot read the Qwen2 config ({exc.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise ModelDirError(f"{path}: not a JSON object")
+    return Qwen2Config(**_pick(data, Qwen2Config))
+
+
+def hparams_from_yaml(text: str, qwen: Qwen2Config) -> ModelHParams:
+    """Build :class:`ModelHParams` from the text of ``cosyvoice2.yaml``."""
+    try:
+        top = read_hyperpyyaml(text)
+    except Exception as exc:  # yaml.YAMLError, ValueError: both mean a malformed file
+        raise ModelDirError(f"cosyvoice2.yaml is not valid HyperPyYAML: {exc}") from None
+    for key in ("llm", "flow", "hift"):
+        if key not in top:
+            raise ModelDirError(f"cosyvoice2.yaml has no '{key}' section")
+    try:
+        return _hparams(top, qwen)
+    except (TypeError, ValueError) as exc:
+        raise ModelDirError(f"cosyvoice2.yaml has an invalid value: {exc}") from None
+
+
+def _hparams(top: dict[str, Any], qwen: Qwen2Config) -> ModelHParams:
+    llm = _args(top["llm"], "llm")
+    sampling = llm.get("sampling")
+    lm = LMConfig(
+        qwen=qwen,
+        sampling=SamplingConfig(**_pick(sampling.args, SamplingConfig))
+        if isinstance(sampling, Tagged) and isinstance(sampling.args, dict)
+        else SamplingConfig(),
+        **_pick(llm, LMConfig),
+    )
+    flow_args = _args(top["flow"], "flow")
+    decoder = _args(flow_args.get("decoder"), "flow.decoder")
+    cfm_params = decoder.get("cfm_params")
+    cfm_values = dict(decoder)
+    if isinstance(cfm_params, Tagged) and isinstance(cfm_params.args, dict):
+        cfm_values.update(cfm_params.args.get("content", cfm_params.args))
+    flow = FlowConfig(
+        encoder=EncoderConfig(**_pick(_args(flow_args.get("encoder"), "flow.encoder"), EncoderConfig)),
+        cfm=CFMConfig(**_pick(cfm_values, CFMConfig)),
+        estimator=EstimatorConfig(
+            **_pick(_args(decoder.get("estimator"), "flow.decoder.estimator"), EstimatorConfig)
+        ),
+        **_pick(flow_args, FlowConfig),
+    )
+    hift_args = _args(top["hift"], "hift")
+    hift_values = dict(hift_args)
+    istft = hift_args.get("istft_params", {})
+    hift_values.update({"istft_n_fft": istft.get("n_fft", 16), "istft_hop_len": istft.get("hop_len", 4)})
+    f0 = hift_args.get("f0_predictor")
+    if isinstance(f0, Tagged) and isinstance(f0.args, dict):
+        hift_values.update({f"f0_{k}": v for k, v in f0.args.items()})
+    mel_args = top.get("feat_extractor")
+    mel = (
+        MelConfig(**_pick(mel_args.args, MelConfig))
+        if isinstance(mel_args, Tagged) and isinstance(mel_args.args, dict)
+        else MelConfig()
+    )
+    return ModelHParams(
+        lm=lm,
+        flow=flow,
+        hift=HiFTConfig(**_pick(hift_values, HiFTConfig)),
+        mel=mel,
+        **_pick(top, ModelHParams),
+    )

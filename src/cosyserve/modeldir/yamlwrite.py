@@ -1,0 +1,143 @@
+"""Write ``cosyvoice2.yaml`` in the official HyperPyYAML form for given hyperparameters.
+
+The text follows the released file's structure (the same keys, tags and references) so
+that upstream's loader builds the same classes from it; only the geometry varies.
+"""
+
+from cosyserve.modeldir.hparams import ModelHParams
+
+
+def _list(values: tuple[int, ...] | tuple[tuple[int, ...], ...]) -> str:
+    return "[" + ", ".join(_list(v) if isinstance(v, tuple) else str(v) for v in values) + "]"
+
+
+def render_yaml(hp: ModelHParams) -> str:
+    """The text of ``cosyvoice2.yaml`` for ``hp``."""
+    lm, flow, hift, mel = hp.lm, hp.flow, hp.hift, hp.mel
+    enc, est, cfm, s = flow.encoder, flow.estimator, flow.cfm, lm.sampling
+    fmax = "null" if mel.fmax is None else f"{mel.fmax:g}"
+    return f"""# set random seed, so that you may reproduce your result.
+__set_seed1: !apply:random.seed [1986]
+__set_seed2: !apply:numpy.random.seed [1986]
+__set_seed3: !apply:torch.manual_seed [1986]
+__set_seed4: !apply:torch.cuda.manual_seed_all [1986]
+
+# fixed params
+sample_rate: {hp.sample_rate}
+llm_input_size: {lm.llm_input_size}
+llm_output_size: {lm.llm_output_size}
+spk_embed_dim: {flow.spk_embed_dim}
+qwen_pretrain_path: ''
+token_frame_rate: {hp.token_frame_rate}
+token_mel_ratio: {hp.token_mel_ratio}
+
+# stream related params
+chunk_size: {enc.static_chunk_size} # streaming inference chunk size, in token
+num_decoding_left_chunks: -1 # streaming inference flow decoder left chunk size, <0 means use all left chunks
+
+# model params
+llm: !new:cosyvoice.llm.llm.Qwen2LM
+    llm_input_size: !ref <llm_input_size>
+    llm_output_size: !ref <llm_output_size>
+    speech_token_size: {lm.speech_token_size}
+    length_normalized_loss: True
+    lsm_weight: 0
+    mix_ratio: [5, 15]
+    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
+        pretrain_path: !ref <qwen_pretrain_path>
+    sampling: !name:cosyvoice.utils.common.ras_sampling
+        top_p: {s.top_p}
+        top_k: {s.top_k}
+        win_size: {s.win_size}
+        tau_r: {s.tau_r}
+
+flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
+    input_size: {flow.input_size}
+    output_size: {flow.output_size}
+    spk_embed_dim: !ref <spk_embed_dim>
+    output_type: 'mel'
+    vocab_size: {flow.vocab_size}
+    input_frame_rate: !ref <token_frame_rate>
+    only_mask_loss: True
+    token_mel_ratio: !ref <token_mel_ratio>
+    pre_lookahead_len: {flow.pre_lookahead_len}
+    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
+        output_size: {enc.output_size}
+        attention_heads: {enc.attention_heads}
+        linear_units: {enc.linear_units}
+        num_blocks: {enc.num_blocks}
+        dropout_rate: 0.1
+        positional_dropout_rate: 0.1
+        attention_dropout_rate: 0.1
+        normalize_before: True
+        input_layer: 'linear'
+        pos_enc_layer_type: 'rel_pos_espnet'
+        selfattention_layer_type: 'rel_selfattn'
+        input_size: {enc.input_size}
+        use_cnn_module: False
+        macaron_style: False
+        static_chunk_size: !ref <chunk_size>
+    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
+        in_channels: {cfm.in_channels}
+        n_spks: 1
+        spk_emb_dim: {cfm.spk_emb_dim}
+        cfm_params: !new:omegaconf.DictConfig
+            content:
+                sigma_min: {cfm.sigma_min:g}
+                solver: 'euler'
+                t_scheduler: '{cfm.t_scheduler}'
+                training_cfg_rate: 0.2
+                inference_cfg_rate: {cfm.inference_cfg_rate}
+                reg_loss_type: 'l1'
+        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
+            in_channels: {est.in_channels}
+            out_channels: {est.out_channels}
+            channels: {_list(est.channels)}
+            dropout: 0.0
+            attention_head_dim: {est.attention_head_dim}
+            n_blocks: {est.n_blocks}
+            num_mid_blocks: {est.num_mid_blocks}
+            num_heads: {est.num_heads}
+            act_fn: '{est.act_fn}'
+            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
+            num_decoding_left_chunks: !ref <num_decoding_left_chunks>
+
+hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
+    in_channels: {hift.in_channels}
+    base_channels: {hift.base_channels}
+    nb_harmonics: {hift.nb_harmonics}
+    sampling_rate: !ref <sample_rate>
+    nsf_alpha: {hift.nsf_alpha}
+    nsf_sigma: {hift.nsf_sigma}
+    nsf_voiced_threshold: {hift.nsf_voiced_threshold:g}
+    upsample_rates: {_list(hift.upsample_rates)}
+    upsample_kernel_sizes: {_list(hift.upsample_kernel_sizes)}
+    istft_params:
+        n_fft: {hift.istft_n_fft}
+        hop_len: {hift.istft_hop_len}
+    resblock_kernel_sizes: {_list(hift.resblock_kernel_sizes)}
+    resblock_dilation_sizes: {_list(hift.resblock_dilation_sizes)}
+    source_resblock_kernel_sizes: {_list(hift.source_resblock_kernel_sizes)}
+    source_resblock_dilation_sizes: {_list(hift.source_resblock_dilation_sizes)}
+    lrelu_slope: {hift.lrelu_slope}
+    audio_limit: {hift.audio_limit}
+    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.ConvRNNF0Predictor
+        num_class: {hift.f0_num_class}
+        in_channels: {hift.f0_in_channels}
+        cond_channels: {hift.f0_cond_channels}
+
+# processor functions
+get_tokenizer: !name:cosyvoice.tokenizer.tokenizer.get_qwen_tokenizer
+    token_path: !ref <qwen_pretrain_path>
+    skip_special_tokens: True
+allowed_special: 'all'
+feat_extractor: !name:matcha.utils.audio.mel_spectrogram
+    n_fft: {mel.n_fft}
+    num_mels: {mel.num_mels}
+    sampling_rate: !ref <sample_rate>
+    hop_size: {mel.hop_size}
+    win_size: {mel.win_size}
+    fmin: {mel.fmin:g}
+    fmax: {fmax}
+    center: {mel.center}
+"""

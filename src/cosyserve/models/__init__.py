@@ -1,0 +1,1 @@
+"""Native PyTorch implementations of the CosyVoice 2 networks (LM, flow, HiFT)."""

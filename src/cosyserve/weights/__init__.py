@@ -1,0 +1,1 @@
+"""Checkpoint reading and the checked tables that map checkpoint keys to our modules."""
