@@ -1,0 +1,1 @@
+"""Speech synthesis from text and prompts: requests, voices, streaming token2wav."""

@@ -1,0 +1,82 @@
+"""Where streaming token2wav cuts the speech-token stream into chunks.
+
+Upstream CosyVoice2Model streams with a constant 25-token hop plus 3 lookahead tokens,
+the first hop padded so that prompt + first hop ends on a 25-token boundary (the flow's
+streaming attention is block-causal in 25-token blocks counted from the prompt's start),
+and a final chunk over everything with full attention. ``ChunkSchedule`` reproduces that
+exactly by default. With ``first_hop`` set, the first chunk is cut early for lower
+first-packet latency and the next chunk re-aligns to the block grid, so every later
+chunk again ends on a block boundary.
+
+Each request owns its schedule: nothing here is shared between requests (upstream kept
+the hop on the shared model object and let it grow across requests).
+"""
+
+from dataclasses import dataclass
+
+from cosyserve.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One token2wav call.
+
+    ``token_end``: how many generated tokens the flow sees (lookahead included);
+    ``offset``: tokens already emitted (the flow's mel is sliced from ``2 * offset``);
+    ``finalize``: the last call, over all tokens, with full attention.
+    """
+
+    token_end: int
+    offset: int
+    finalize: bool
+
+
+class ChunkSchedule:
+    """Per-request chunk cursor for streaming synthesis."""
+
+    def __init__(
+        self,
+        prompt_tokens: int,
+        *,
+        hop: int = 25,
+        lookahead: int = 3,
+        first_hop: int | None = None,
+    ) -> None:
+        if prompt_tokens < 0 or hop < 1 or lookahead < 0:
+            raise InvalidRequestError("invalid chunking parameters")
+        if first_hop is not None and first_hop < 1:
+            raise InvalidRequestError("first_hop must be at least 1 token")
+        self._prompt = prompt_tokens
+        self._hop = hop
+        self._lookahead = lookahead
+        self._first_hop = first_hop
+        self.offset = 0
+        self.done = False
+
+    def _next_hop(self) -> int:
+        # Tokens from the prompt's start to the next block boundary after the cursor.
+        to_boundary = -(self._prompt + self.offset) % self._hop
+        if self.offset == 0:
+            aligned = self._hop + to_boundary
+            if self._first_hop is not None and self._first_hop < aligned:
+                return self._first_hop
+            return aligned
+        return to_boundary if to_boundary > 0 else self._hop
+
+    def next_chunk(self, available: int, finished: bool) -> Chunk | None:
+        """The next chunk to synthesise given ``available`` generated tokens, or None to wait.
+
+        ``finished``: the token stream has ended (no more tokens will come), which makes
+        the remaining tokens the final chunk.
+        """
+        if self.done:
+            return None
+        hop = self._next_hop()
+        if available - self.offset >= hop + self._lookahead:
+            chunk = Chunk(token_end=self.offset + hop + self._lookahead, offset=self.offset, finalize=False)
+            self.offset += hop
+            return chunk
+        if finished:
+            self.done = True
+            return Chunk(token_end=available, offset=self.offset, finalize=True)
+        return None
