@@ -29,3 +29,9 @@ class InvalidRequestError(CosyserveError):
     """A request (text, prompt, options) is not acceptable."""
 
     code = "invalid_request"
+
+
+class UnsupportedAudioFormatError(InvalidRequestError):
+    """The requested response format or output sample rate cannot be produced."""
+
+    code = "unsupported_audio_format"
