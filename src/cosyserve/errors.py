@@ -31,6 +31,12 @@ class InvalidRequestError(CosyserveError):
     code = "invalid_request"
 
 
+class PromptAudioError(InvalidRequestError):
+    """The prompt audio cannot be decoded or is unusable (too short, too long, silent, ...)."""
+
+    code = "invalid_prompt_audio"
+
+
 class UnsupportedAudioFormatError(InvalidRequestError):
     """The requested response format or output sample rate cannot be produced."""
 
