@@ -34,6 +34,7 @@ def _install_stand_ins() -> None:
         utils.pylogger = pylogger  # type: ignore[attr-defined]
         sys.modules["matcha.utils"] = utils
         sys.modules["matcha.utils.pylogger"] = pylogger
+        matcha.utils = utils  # type: ignore[attr-defined]  # attribute lookups (hyperpyyaml's !name:)
 
 
 def upstream(module: str) -> Any:
