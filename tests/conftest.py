@@ -1,0 +1,31 @@
+"""Fixtures and options shared by the whole suite."""
+
+from pathlib import Path
+
+import pytest
+
+from cosyserve.modeldir.generate import init_model_dir
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", help="also run tests marked slow (full-size geometry)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Slow tests run only when asked for, by --slow or by a -m expression naming them.
+    if config.getoption("--slow") or "slow" in config.getoption("-m", ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --slow or -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A complete tiny CosyVoice2 model directory (random weights, seed 0), built once per
+    session. Treat it as read-only: a test that needs a modified directory builds its own
+    (``tests/modeldir/test_layout.py`` has a cheap symlinked view)."""
+    path = tmp_path_factory.mktemp("models") / "tiny"
+    init_model_dir(path, "tiny", seed=0)
+    return path
