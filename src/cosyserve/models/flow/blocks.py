@@ -1,0 +1,95 @@
+"""Building blocks of the flow-matching estimator: causal convolution blocks with
+time conditioning and pre-norm transformer blocks.
+
+Behaviour follows upstream ``cosyvoice/flow/decoder.py`` (``CausalBlock1D``,
+``CausalResnetBlock1D``) and Matcha-TTS ``BasicTransformerBlock`` with diffusers'
+``Attention`` (``matcha/models/components/transformer.py``).
+"""
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def causal_conv(conv: nn.Conv1d, x: Tensor) -> Tensor:
+    """Apply ``conv`` (no built-in padding) after left-padding ``kernel_size - 1`` zeros,
+    so output frame ``t`` depends on input frames ``<= t`` only. ``(B, C, T)`` -> ``(B, C', T)``."""
+    y: Tensor = conv(F.pad(x, (conv.kernel_size[0] - 1, 0)))
+    return y
+
+
+class CausalBlock(nn.Module):
+    """Masked causal conv (kernel 3) -> LayerNorm over channels -> Mish, masked again."""
+
+    def __init__(self, dim_in: int, dim_out: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(dim_in, dim_out, kernel_size=3)
+        self.norm = nn.LayerNorm(dim_out)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """``x``: ``(B, C_in, T)``; ``mask``: ``(B, 1, T)`` float. Returns ``(B, C_out, T)``."""
+        h = causal_conv(self.conv, x * mask)
+        h = self.norm(h.transpose(1, 2)).transpose(1, 2)
+        return F.mish(h) * mask
+
+
+class CausalResnetBlock(nn.Module):
+    """Two causal blocks with the time embedding added in between, plus a 1x1 residual."""
+
+    def __init__(self, dim_in: int, dim_out: int, time_dim: int) -> None:
+        super().__init__()
+        self.block1 = CausalBlock(dim_in, dim_out)
+        self.time_proj = nn.Linear(time_dim, dim_out)
+        self.block2 = CausalBlock(dim_out, dim_out)
+        self.res_conv = nn.Conv1d(dim_in, dim_out, kernel_size=1)
+
+    def forward(self, x: Tensor, mask: Tensor, time_emb: Tensor) -> Tensor:
+        """``x``: ``(B, C_in, T)``; ``mask``: ``(B, 1, T)``; ``time_emb``: ``(B, time_dim)``.
+        Returns ``(B, C_out, T)``."""
+        h = self.block1(x, mask) + self.time_proj(F.mish(time_emb)).unsqueeze(-1)
+        out: Tensor = self.block2(h, mask)
+        residual: Tensor = self.res_conv(x * mask)
+        return out + residual
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention; q/k/v without bias, the output projection with bias.
+    The inner width ``heads * head_dim`` may differ from the model width."""
+
+    def __init__(self, dim: int, heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.head_dim = head_dim
+        inner = heads * head_dim
+        self.q = nn.Linear(dim, inner, bias=False)
+        self.k = nn.Linear(dim, inner, bias=False)
+        self.v = nn.Linear(dim, inner, bias=False)
+        self.out = nn.Linear(inner, dim)
+
+    def forward(self, x: Tensor, bias: Tensor) -> Tensor:
+        """``x``: ``(B, T, C)``; ``bias``: ``(B, 1, T, T)`` additive. Returns ``(B, T, C)``."""
+        batch, size, _ = x.shape
+        shape = (batch, size, self.heads, self.head_dim)
+        q = self.q(x).view(shape).transpose(1, 2)  # (B, H, T, hd)
+        k = self.k(x).view(shape).transpose(1, 2)
+        v = self.v(x).view(shape).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        y: Tensor = self.out(out.transpose(1, 2).reshape(batch, size, self.heads * self.head_dim))
+        return y
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm self-attention then a GELU feed-forward (width x4), both residual."""
+
+    def __init__(self, dim: int, heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(dim)
+        self.attn = SelfAttention(dim, heads, head_dim)
+        self.ff_norm = nn.LayerNorm(dim)
+        self.ff_in = nn.Linear(dim, 4 * dim)
+        self.ff_out = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: Tensor, bias: Tensor) -> Tensor:
+        """``x``: ``(B, T, C)``; ``bias``: ``(B, 1, T, T)``. Returns ``(B, T, C)``."""
+        attended: Tensor = x + self.attn(self.attn_norm(x), bias)
+        ff: Tensor = self.ff_out(F.gelu(self.ff_in(self.ff_norm(attended))))
+        return attended + ff

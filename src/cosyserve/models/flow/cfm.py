@@ -1,0 +1,86 @@
+"""Conditional flow matching sampler (upstream ``CausalConditionalCFM``): Euler steps
+on a cosine time schedule with classifier-free guidance and fixed noise.
+
+The noise is upstream's ``torch.manual_seed(0); torch.randn(1, 80, 15000)``, drawn from a
+private generator so the global RNG is untouched. Frame ``i`` always gets noise column
+``i``: re-running the flow over a growing prefix (streaming) reproduces the frames it
+emitted before.
+"""
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from cosyserve.errors import InvalidRequestError
+from cosyserve.modeldir.hparams import CFMConfig
+from cosyserve.models.flow.estimator import Estimator
+
+# 300 s at 50 frames/s, prompt included: upstream's noise length, hence the longest output.
+MAX_FRAMES = 50 * 300
+NOISE_SEED = 0
+
+
+def fixed_noise(channels: int) -> Tensor:
+    """``(1, channels, MAX_FRAMES)`` float32, equal to upstream's
+    ``torch.manual_seed(0); torch.randn(1, channels, 15000)`` on CPU."""
+    generator = torch.Generator(device="cpu").manual_seed(NOISE_SEED)
+    return torch.randn(1, channels, MAX_FRAMES, generator=generator, device="cpu")
+
+
+class CFM(nn.Module):
+    """Integrates the estimator's velocity field from the fixed noise to mel frames."""
+
+    noise: Tensor
+
+    def __init__(self, cfg: CFMConfig, estimator: Estimator, channels: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.estimator = estimator
+        # Not persistent: flow.pt does not carry it; it moves with .to(device/dtype).
+        self.register_buffer("noise", fixed_noise(channels), persistent=False)
+
+    def time_steps(self, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """``(n_timesteps + 1,)`` from 0 to 1; cosine schedule ``1 - cos(t π/2)`` spends
+        more steps near the noise end."""
+        t = torch.linspace(0, 1, self.cfg.n_timesteps + 1, device=device, dtype=dtype)
+        if self.cfg.t_scheduler == "cosine":
+            t = 1 - torch.cos(t * 0.5 * math.pi)
+        return t
+
+    def forward(self, mu: Tensor, mask: Tensor, spks: Tensor, cond: Tensor, streaming: bool) -> Tensor:
+        """Sample mel frames.
+
+        ``mu``: ``(B, 80, T)`` encoder output; ``mask``: ``(B, 1, T)`` float (1 = valid frame);
+        ``spks``: ``(B, 80)`` projected speaker embedding; ``cond``: ``(B, 80, T)`` prompt mel
+        in its frames, zeros elsewhere. ``streaming`` selects block-causal attention.
+        Returns ``(B, 80, T)`` float32.
+
+        Classifier-free guidance runs the conditional and unconditional (mu, spks, cond
+        zeroed) halves as one batch of ``2B``: ``v = (1 + r) v_cond - r v_uncond``.
+        """
+        batch, _, frames = mu.shape
+        if frames > self.noise.shape[2]:
+            raise InvalidRequestError(
+                f"flow input of {frames} mel frames exceeds the maximum of {self.noise.shape[2]} (300 s)"
+            )
+        x = self.noise[:, :, :frames].to(mu.dtype).expand(batch, -1, -1)  # (B, 80, T)
+        mask2 = torch.cat([mask, mask])  # (2B, 1, T)
+        mu2 = torch.cat([mu, torch.zeros_like(mu)])
+        spks2 = torch.cat([spks, torch.zeros_like(spks)])
+        cond2 = torch.cat([cond, torch.zeros_like(cond)])
+        bias = self.estimator.attention_bias(mask2, streaming)
+        rate = self.cfg.inference_cfg_rate
+
+        t_span = self.time_steps(mu.device, mu.dtype)
+        # Upstream advances t by dt and takes the next dt relative to that running t;
+        # the same recurrence keeps the float rounding of t identical.
+        t, dt = t_span[0], t_span[1] - t_span[0]
+        for step in range(1, len(t_span)):
+            velocity = self.estimator(torch.cat([x, x]), mask2, mu2, t.expand(2 * batch), spks2, cond2, bias)
+            v_cond, v_uncond = velocity.split(batch)
+            x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
+            t = t + dt
+            if step < len(t_span) - 1:
+                dt = t_span[step + 1] - t
+        return x.float()

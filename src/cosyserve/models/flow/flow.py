@@ -1,0 +1,147 @@
+"""The CosyVoice 2 flow (upstream ``CausalMaskedDiffWithXvec``): speech tokens, a voice
+prompt and a speaker embedding -> 80-bin log-mel frames at 50 Hz."""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from cosyserve.errors import InvalidRequestError, ModelDirError
+from cosyserve.modeldir.hparams import FlowConfig
+from cosyserve.models.flow.cfm import CFM
+from cosyserve.models.flow.encoder import UpsampleConformerEncoder
+from cosyserve.models.flow.estimator import Estimator
+from cosyserve.models.flow.table import flow_checkpoint_table
+
+# The model-directory tools take the module and its checkpoint table from here.
+__all__ = ["Flow", "check_flow_config", "flow_checkpoint_table"]
+
+
+def check_flow_config(cfg: FlowConfig) -> None:
+    """Raise :class:`ModelDirError` for a geometry this implementation (or upstream) cannot run."""
+    enc, est = cfg.encoder, cfg.estimator
+    problems = []
+    if len(est.channels) != 1:
+        problems.append(f"estimator channels {est.channels} (only one level is supported)")
+    if est.act_fn != "gelu":
+        problems.append(f"estimator act_fn {est.act_fn!r} (only 'gelu' is supported)")
+    if cfg.cfm.t_scheduler not in ("cosine", "linear"):
+        problems.append(f"t_scheduler {cfg.cfm.t_scheduler!r}")
+    # The estimator input is [x, mu, spks, cond], each output_size (80) channels.
+    if est.in_channels != 4 * cfg.output_size or est.out_channels != cfg.output_size:
+        problems.append(f"estimator channels in/out {est.in_channels}/{est.out_channels}")
+    if cfg.cfm.spk_emb_dim != cfg.output_size:
+        problems.append(f"spk_emb_dim {cfg.cfm.spk_emb_dim} != output_size {cfg.output_size}")
+    if enc.input_size != cfg.input_size or enc.output_size != enc.input_size:
+        problems.append(f"encoder sizes {enc.input_size}/{enc.output_size} with token size {cfg.input_size}")
+    if enc.upsample_stride != cfg.token_mel_ratio:
+        problems.append(f"encoder upsampling x{enc.upsample_stride} != token_mel_ratio {cfg.token_mel_ratio}")
+    if enc.attention_heads <= 0 or enc.output_size % enc.attention_heads:
+        problems.append(f"encoder width {enc.output_size} not divisible by {enc.attention_heads} heads")
+    if problems:
+        raise ModelDirError("unsupported flow configuration: " + "; ".join(problems))
+
+
+class Flow(nn.Module):
+    """Token-to-mel model. Load weights with :func:`flow_checkpoint_table` (``flow.pt``)."""
+
+    def __init__(self, cfg: FlowConfig) -> None:
+        super().__init__()
+        check_flow_config(cfg)
+        self.cfg = cfg
+        self.pre_lookahead_len = cfg.pre_lookahead_len
+        self.token_mel_ratio = cfg.token_mel_ratio
+        self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.input_size)
+        self.speaker_proj = nn.Linear(cfg.spk_embed_dim, cfg.output_size)
+        self.encoder = UpsampleConformerEncoder(cfg.encoder, cfg.pre_lookahead_len)
+        self.mu_proj = nn.Linear(self.encoder.output_size, cfg.output_size)
+        self.cfm = CFM(cfg.cfm, Estimator(cfg.estimator), cfg.output_size)
+
+    @torch.inference_mode()
+    def inference(
+        self,
+        token: Tensor,
+        prompt_token: Tensor,
+        prompt_feat: Tensor,
+        embedding: Tensor,
+        streaming: bool,
+        finalize: bool,
+    ) -> Tensor:
+        """Mel frames for ``token``, continuing the voice prompt.
+
+        ``token``: ``(B, N)`` int speech tokens (ids ``< vocab_size``; negatives act as 0).
+        ``prompt_token``: ``(B, P)`` int prompt speech tokens, ``P >= 0``.
+        ``prompt_feat``: ``(B, P_mel, 80)`` prompt log-mel (normally ``P_mel = 2P``), cast to
+        the model dtype. ``embedding``: ``(B, spk_embed_dim)`` speaker x-vector, unnormalised.
+        ``streaming``: block-causal attention (chunks of 25 tokens / 50 frames counted from
+        the start of the prompt) instead of full attention.
+        ``finalize``: ``token`` ends the utterance. If False, its last ``pre_lookahead_len``
+        tokens are look-ahead context only and get no frames of their own.
+
+        Rows of a batch share ``N``, ``P`` and ``P_mel``. Returns ``(B, 80, T)`` float32 with
+        ``T = 2 (P + N - (0 if finalize else pre_lookahead_len)) - P_mel``: the frames after
+        the prompt.
+        """
+        self._check_inputs(token, prompt_token, prompt_feat, embedding, finalize)
+        dtype = self.speaker_proj.weight.dtype
+        spks = self.speaker_proj(F.normalize(embedding.to(dtype), dim=1))  # (B, 80)
+
+        tokens = torch.cat([prompt_token, token], dim=1)  # (B, P+N)
+        x = self.token_embedding(tokens.clamp(min=0))  # (B, P+N, D)
+        batch, size, _ = x.shape
+        lengths = torch.full((batch,), size, device=x.device, dtype=torch.long)
+        if finalize:
+            h, _ = self.encoder(x, lengths, None, streaming)
+        else:
+            lookahead = self.pre_lookahead_len
+            h, _ = self.encoder(x[:, :-lookahead], lengths - lookahead, x[:, -lookahead:], streaming)
+        mu = self.mu_proj(h).transpose(1, 2)  # (B, 80, T_all)
+
+        prompt_frames = prompt_feat.shape[1]
+        cond = torch.zeros_like(mu)
+        cond[:, :, :prompt_frames] = prompt_feat.transpose(1, 2).to(mu.dtype)
+        mask = mu.new_ones(batch, 1, mu.shape[2])
+        mel: Tensor = self.cfm(mu, mask, spks, cond, streaming)  # (B, 80, T_all) float32
+        return mel[:, :, prompt_frames:]
+
+    def _check_inputs(
+        self, token: Tensor, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor, finalize: bool
+    ) -> None:
+        batch = token.shape[0] if token.dim() == 2 else -1
+        mel_bins = self.cfg.output_size
+        if (
+            token.dim() != 2
+            or prompt_token.dim() != 2
+            or prompt_token.shape[0] != batch
+            or prompt_feat.dim() != 3
+            or tuple(prompt_feat.shape[::2]) != (batch, mel_bins)
+            or tuple(embedding.shape) != (batch, self.cfg.spk_embed_dim)
+        ):
+            named = zip(
+                ("token", "prompt_token", "prompt_feat", "embedding"),
+                (token, prompt_token, prompt_feat, embedding),
+                strict=True,
+            )
+            shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in named)
+            raise InvalidRequestError(
+                f"flow inputs have shapes {shapes}; expected (B, N), (B, P), "
+                f"(B, P_mel, {mel_bins}), (B, {self.cfg.spk_embed_dim})"
+            )
+        if token.is_floating_point() or prompt_token.is_floating_point():
+            raise InvalidRequestError("flow speech tokens must be integers")
+        tokens = token.shape[1] + prompt_token.shape[1] - (0 if finalize else self.pre_lookahead_len)
+        if tokens < 1:
+            raise InvalidRequestError(
+                f"flow needs at least {1 if finalize else self.pre_lookahead_len + 1} tokens, "
+                f"got {token.shape[1] + prompt_token.shape[1]}"
+            )
+        if prompt_feat.shape[1] > self.token_mel_ratio * tokens:
+            raise InvalidRequestError(
+                f"prompt mel has {prompt_feat.shape[1]} frames, more than the "
+                f"{self.token_mel_ratio * tokens} frames of the tokens"
+            )
+        # An out-of-range id would be a device-side assert on GPU, which kills the process.
+        largest = max((int(t.max()) for t in (token, prompt_token) if t.numel()), default=0)
+        if largest >= self.cfg.vocab_size:
+            raise InvalidRequestError(
+                f"speech token {largest} is outside the vocabulary of {self.cfg.vocab_size}"
+            )
