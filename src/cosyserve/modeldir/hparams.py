@@ -5,7 +5,7 @@ Read from ``cosyvoice2.yaml`` (as data, see :mod:`cosyserve.modeldir.yamlread`) 
 """
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -184,7 +184,7 @@ def _pick(args: dict[str, Any], cls: type) -> dict[str, Any]:
 
     Nested sections are built separately, so tagged and mapping values are skipped.
     """
-    names = set(cls.__dataclass_fields__)
+    names = {f.name for f in fields(cls)}
     out: dict[str, Any] = {}
     for key, value in args.items():
         if key in names and not isinstance(value, Tagged | dict):

@@ -45,15 +45,18 @@ class _Loader(yaml.SafeLoader):
 
 def _tagged(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
     if suffix == "ref":
-        assert isinstance(node, yaml.ScalarNode)
+        if not isinstance(node, yaml.ScalarNode):
+            raise yaml.constructor.ConstructorError(None, None, "!ref takes a scalar", node.start_mark)
         return _Ref(str(loader.construct_scalar(node)))
     args: Any
     if isinstance(node, yaml.MappingNode):
         args = loader.construct_mapping(node, deep=True)
     elif isinstance(node, yaml.SequenceNode):
         args = loader.construct_sequence(node, deep=True)
-    else:
+    elif isinstance(node, yaml.ScalarNode):
         args = loader.construct_scalar(node)
+    else:
+        raise yaml.constructor.ConstructorError(None, None, f"unexpected node for !{suffix}", node.start_mark)
     return Tagged(suffix, args)
 
 

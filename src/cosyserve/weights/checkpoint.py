@@ -91,7 +91,8 @@ def _fold(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     varying = [d for d, n in enumerate(g.shape) if n != 1]
     dim = varying[0] if varying else 0
     norm_dims = [d for d in range(v.dim()) if d != dim]
-    return (g * v / v.norm(dim=norm_dims, keepdim=True)).contiguous()
+    folded: torch.Tensor = g * v / v.norm(dim=norm_dims, keepdim=True)
+    return folded.contiguous()
 
 
 def unfold_weight_norm(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
