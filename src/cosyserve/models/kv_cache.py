@@ -1,0 +1,188 @@
+"""A preallocated key/value cache holding many sequences at once, one per slot.
+
+Each slot holds one request's keys and values for every layer and knows its own
+length, so a decode step can advance sequences of different lengths together
+(continuous batching). The model never keeps per-request state: everything that
+belongs to a request lives in its slot here, and the slot number lives with the request.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from cosyserve.errors import CosyserveError, InvalidRequestError
+from cosyserve.modeldir.hparams import Qwen2Config
+
+
+class CacheFullError(CosyserveError):
+    """Every slot of the KV cache is taken; the request must wait or be refused."""
+
+    code = "overloaded"
+
+
+class SequenceTooLongError(InvalidRequestError):
+    """A sequence would grow past the cache's ``max_len`` positions."""
+
+    code = "sequence_too_long"
+
+
+@dataclass(frozen=True)
+class CacheStep:
+    """One forward step in which each of B slots appends the same number T of positions.
+
+    A decode step is B sequences with T = 1; a prefill (or prefill chunk) is one
+    sequence with T positions continuing whatever that slot already holds.
+    ``positions``: (B, T) long, the absolute position of each new token.
+    ``mask``: (B, 1, T, S) bool, True where a new token may attend to cache position
+    ``s < S``; S is the longest length of the batch after the step.
+    """
+
+    cache: "KVCache"
+    slots: tuple[int, ...]
+    starts: tuple[int, ...]
+    num_new: int
+    slot_index: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new keys and values of ``layer``, return the whole visible history.
+
+        ``k``, ``v``: (B, T, H_kv, D). Returns keys and values (B, H_kv, S, D).
+        """
+        cache_k, cache_v = self.cache.k[layer], self.cache.v[layer]  # (slots, max_len, H_kv, D)
+        index = self.slot_index[:, None]  # (B, 1), broadcast against positions (B, T)
+        cache_k[index, self.positions] = k.to(cache_k.dtype)
+        cache_v[index, self.positions] = v.to(cache_v.dtype)
+        span = self.mask.shape[-1]
+        rows: slice | torch.Tensor = self.slot_index
+        if len(self.slots) == 1:
+            # A view, not a gather: prefill chunks of one sequence avoid copying the history.
+            rows = slice(self.slots[0], self.slots[0] + 1)
+        return cache_k[rows, :span].transpose(1, 2), cache_v[rows, :span].transpose(1, 2)
+
+
+class KVCache:
+    """Keys and values of ``max_slots`` sequences of up to ``max_len`` positions each.
+
+    ``k``, ``v``: (layers, max_slots, max_len, H_kv, D), allocated once. Slots are handed
+    out by :meth:`allocate` and returned by :meth:`free`; a step is prepared with
+    :meth:`begin`, run through the model (which calls :meth:`CacheStep.update` per layer)
+    and made permanent with :meth:`commit`.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_slots: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if min(num_layers, num_kv_heads, head_dim, max_slots, max_len) < 1:
+            raise ValueError("KVCache dimensions must all be positive")
+        shape = (num_layers, max_slots, max_len, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_slots = max_slots
+        self.max_len = max_len
+        self._lengths = [0] * max_slots
+        # Positions ever written per slot (also by steps never committed), zeroed by free().
+        self._written = [0] * max_slots
+        self._in_use = [False] * max_slots
+
+    @classmethod
+    def for_config(
+        cls,
+        cfg: Qwen2Config,
+        max_slots: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> "KVCache":
+        """A cache shaped for the Qwen2 backbone ``cfg``."""
+        return cls(
+            cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, max_slots, max_len, dtype, device
+        )
+
+    @property
+    def free_slots(self) -> int:
+        return self._in_use.count(False)
+
+    def allocate(self) -> int:
+        """Take the lowest free slot, empty. Raises :class:`CacheFullError` when none is left."""
+        for slot, used in enumerate(self._in_use):
+            if not used:
+                self._in_use[slot] = True
+                return slot
+        raise CacheFullError(f"KV cache is full: all {self.max_slots} slots are in use")
+
+    def free(self, slot: int) -> None:
+        """Return ``slot``. Its written positions are zeroed: a later occupant's masked-out
+        positions are still multiplied by zero attention weights, which must not meet a
+        stale inf or NaN."""
+        self._check_slot(slot)
+        written = self._written[slot]
+        self.k[:, slot, :written] = 0
+        self.v[:, slot, :written] = 0
+        self._lengths[slot] = self._written[slot] = 0
+        self._in_use[slot] = False
+
+    def length(self, slot: int) -> int:
+        """Positions ``slot`` holds."""
+        self._check_slot(slot)
+        return self._lengths[slot]
+
+    def begin(self, slots: Sequence[int], num_new: int) -> CacheStep:
+        """Prepare a step in which every slot of ``slots`` appends ``num_new`` positions.
+
+        Raises :class:`SequenceTooLongError` if a slot would exceed ``max_len``. The
+        sequences' lengths change only at :meth:`commit`.
+        """
+        if not slots or num_new < 1:
+            raise ValueError("a cache step needs at least one slot and one new position")
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"a slot appears twice in one step: {list(slots)}")
+        starts = []
+        for slot in slots:
+            self._check_slot(slot)
+            start = self._lengths[slot]
+            if start + num_new > self.max_len:
+                raise SequenceTooLongError(
+                    f"sequence in slot {slot} would reach {start + num_new} positions; "
+                    f"the KV cache holds at most {self.max_len}"
+                )
+            starts.append(start)
+        for slot, start in zip(slots, starts, strict=True):
+            self._written[slot] = max(self._written[slot], start + num_new)
+        device = self.k.device
+        start_t = torch.tensor(starts, dtype=torch.long, device=device)
+        positions = start_t[:, None] + torch.arange(num_new, device=device)  # (B, T)
+        span = max(starts) + num_new
+        keys = torch.arange(span, device=device)
+        mask = keys[None, None, :] <= positions[:, :, None]  # (B, T, S): causal within each sequence
+        return CacheStep(
+            cache=self,
+            slots=tuple(slots),
+            starts=tuple(starts),
+            num_new=num_new,
+            slot_index=torch.tensor(list(slots), dtype=torch.long, device=device),
+            positions=positions,
+            mask=mask[:, None],  # (B, 1, T, S): one mask for every head
+        )
+
+    def commit(self, step: CacheStep) -> None:
+        """Make the positions written by ``step`` part of their sequences."""
+        if step.cache is not self:
+            raise ValueError("the step belongs to another cache")
+        if any(self._lengths[s] != start for s, start in zip(step.slots, step.starts, strict=True)):
+            raise ValueError("a slot of the step changed between begin() and commit()")
+        for slot in step.slots:
+            self._lengths[slot] += step.num_new
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.max_slots or not self._in_use[slot]:
+            raise ValueError(f"slot {slot} is not an allocated slot of this KV cache")
