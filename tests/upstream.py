@@ -44,7 +44,9 @@ def upstream(module: str) -> Any:
     return __import__(module, fromlist=["_"])
 
 
-def load_yaml_sections(yaml_text: str, sections: tuple[str, ...], qwen_path: Path | None = None) -> dict[str, Any]:
+def load_yaml_sections(
+    yaml_text: str, sections: tuple[str, ...], qwen_path: Path | None = None
+) -> dict[str, Any]:
     """Instantiate upstream classes for the given top-level yaml sections with hyperpyyaml.
 
     Only the header (scalars) and the named sections are loaded, so the training-only

@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import pytest
@@ -44,7 +45,7 @@ def test_every_token_is_emitted_once() -> None:
     chunks = _drain(ChunkSchedule(75, first_hop=10), 150)
     emitted = [c.offset for c in chunks] + [150]
     assert emitted[0] == 0
-    assert all(b > a for a, b in zip(emitted, emitted[1:], strict=False))
+    assert all(b > a for a, b in itertools.pairwise(emitted))
 
 
 def test_first_hop_cuts_early_then_realigns_to_blocks() -> None:

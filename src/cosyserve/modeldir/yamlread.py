@@ -115,7 +115,7 @@ def read_hyperpyyaml(text: str) -> dict[str, Any]:
     Raises ``ValueError`` (or ``yaml.YAMLError``) on malformed input or a reference
     to a key that does not exist.
     """
-    top = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    top = yaml.load(text, Loader=_Loader)
     if not isinstance(top, dict):
         raise ValueError("the yaml's top level is not a mapping")
     try:

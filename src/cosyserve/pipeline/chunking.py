@@ -63,8 +63,9 @@ class ChunkSchedule:
             return aligned
         return to_boundary if to_boundary > 0 else self._hop
 
-    def next_chunk(self, available: int, finished: bool) -> Chunk | None:
-        """The next chunk to synthesise given ``available`` generated tokens, or None to wait.
+    def peek(self, available: int, finished: bool) -> Chunk | None:
+        """The next chunk to synthesise given ``available`` generated tokens, or None to
+        wait; the cursor does not move (see :meth:`advance`).
 
         ``finished``: the token stream has ended (no more tokens will come), which makes
         the remaining tokens the final chunk.
@@ -73,10 +74,23 @@ class ChunkSchedule:
             return None
         hop = self._next_hop()
         if available - self.offset >= hop + self._lookahead:
-            chunk = Chunk(token_end=self.offset + hop + self._lookahead, offset=self.offset, finalize=False)
-            self.offset += hop
-            return chunk
+            return Chunk(token_end=self.offset + hop + self._lookahead, offset=self.offset, finalize=False)
         if finished:
-            self.done = True
             return Chunk(token_end=available, offset=self.offset, finalize=True)
         return None
+
+    def advance(self, chunk: Chunk) -> None:
+        """Move the cursor past ``chunk`` (the one :meth:`peek` returned)."""
+        if chunk.offset != self.offset or self.done:
+            raise ValueError("the chunk does not continue this schedule")
+        if chunk.finalize:
+            self.done = True
+        else:
+            self.offset = chunk.token_end - self._lookahead
+
+    def next_chunk(self, available: int, finished: bool) -> Chunk | None:
+        """:meth:`peek` and :meth:`advance` in one."""
+        chunk = self.peek(available, finished)
+        if chunk is not None:
+            self.advance(chunk)
+        return chunk

@@ -18,7 +18,10 @@ from torch import nn
 
 from cosyserve.errors import CheckpointError
 
-_WN_FORMS = ((".weight_g", ".weight_v"), (".parametrizations.weight.original0", ".parametrizations.weight.original1"))
+_WN_FORMS = (
+    (".weight_g", ".weight_v"),
+    (".parametrizations.weight.original0", ".parametrizations.weight.original1"),
+)
 
 
 @dataclass(frozen=True)
@@ -128,8 +131,7 @@ def load_checkpoint(module: nn.Module, path: Path, table: CheckpointTable) -> No
         tensor, target = state[ckpt_key], own[module_key]
         if tensor.shape != target.shape:
             raise CheckpointError(
-                f"{path}: tensor {ckpt_key!r} has shape {tuple(tensor.shape)}, "
-                f"expected {tuple(target.shape)}"
+                f"{path}: tensor {ckpt_key!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
             )
         mapped[module_key] = tensor.to(target.dtype)
     module.load_state_dict(mapped, strict=True, assign=True)

@@ -1,0 +1,1 @@
+"""The synthesis engine: requests, scheduling, batched LM decode and token2wav."""

@@ -1,0 +1,161 @@
+"""The asyncio front of the engine: one dedicated thread steps the engine; coroutines
+submit requests and receive their audio chunks through per-request queues.
+
+Model work never runs on the event loop. The engine thread sleeps on a condition
+variable while there is nothing to do (no polling), and hands each output to its
+request's event loop with ``call_soon_threadsafe``.
+"""
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from cosyserve.engine.engine import Engine
+from cosyserve.engine.request import GenerationSpec, StepOutput
+from cosyserve.errors import CosyserveError
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(CosyserveError):
+    """The engine thread stopped after an unrecoverable error; the server is not ready."""
+
+    code = "engine_dead"
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """Samples (float32 mono at the model's rate) and whether they are the request's first."""
+
+    audio: np.ndarray
+    first: bool
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: "asyncio.Queue[StepOutput]"
+
+
+class AsyncEngine:
+    """Thread-owning wrapper of :class:`Engine`; start with :meth:`start`, stop with :meth:`shutdown`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._cond = threading.Condition()
+        self._pending_add: list[GenerationSpec] = []
+        self._pending_abort: list[str] = []
+        self._streams: dict[str, _Stream] = {}
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the engine thread is already started")
+        self._thread = threading.Thread(target=self._run, name="cosyserve-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the thread; requests still running are aborted and told so."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def active_requests(self) -> int:
+        with self._cond:
+            return len(self._streams)
+
+    async def generate(self, spec: GenerationSpec) -> AsyncIterator[AudioChunk]:
+        """Submit ``spec`` and yield its audio as it is made. Raises the request's
+        :class:`CosyserveError` if it fails. Leaving the iteration early (a client that
+        disconnects, a cancelled task) aborts the request in the engine."""
+        if not self.alive:
+            raise EngineDeadError("the synthesis engine is not running")
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        with self._cond:
+            if spec.request_id in self._streams:
+                raise CosyserveError(f"request id {spec.request_id!r} is already in use")
+            self._streams[spec.request_id] = stream
+            self._pending_add.append(spec)
+            self._cond.notify_all()
+        finished = False
+        try:
+            while not finished:
+                out = await stream.queue.get()
+                if out.error is not None:
+                    finished = True
+                    raise out.error
+                if out.audio is not None and out.audio.size:
+                    yield AudioChunk(out.audio, out.first_chunk)
+                finished = out.finished
+        finally:
+            if not finished:
+                self.abort(spec.request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request; its slot and caches are freed at the start of the next step."""
+        with self._cond:
+            if self._streams.pop(request_id, None) is not None:
+                self._pending_abort.append(request_id)
+                self._cond.notify_all()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not (
+                        self._stopping or self._pending_add or self._pending_abort or self.engine.has_work()
+                    ):
+                        self._cond.wait()
+                    if self._stopping:
+                        break
+                    adds, self._pending_add = self._pending_add, []
+                    aborts, self._pending_abort = self._pending_abort, []
+                for request_id in aborts:
+                    self.engine.abort(request_id)
+                for spec in adds:
+                    self._add(spec)
+                if self.engine.has_work():
+                    for out in self.engine.step():
+                        self._deliver(out)
+        except BaseException as exc:  # the loop itself broke: the engine is unusable
+            logger.exception("engine thread died")
+            self.error = exc
+        finally:
+            self._fail_all(EngineDeadError("the synthesis engine stopped"))
+
+    def _add(self, spec: GenerationSpec) -> None:
+        try:
+            self.engine.add(spec)
+        except CosyserveError as exc:
+            self._deliver(StepOutput(spec.request_id, finished=True, error=exc))
+
+    def _deliver(self, out: StepOutput) -> None:
+        with self._cond:
+            stream = self._streams.get(out.request_id)
+            if stream is not None and out.finished:
+                del self._streams[out.request_id]
+        if stream is not None:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
+
+    def _fail_all(self, error: CosyserveError) -> None:
+        with self._cond:
+            streams, self._streams = self._streams, {}
+        for request_id, stream in streams.items():
+            self.engine.abort(request_id)
+            out = StepOutput(request_id, finished=True, error=error)
+            with contextlib.suppress(RuntimeError):  # that event loop is already closed
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)

@@ -1,0 +1,33 @@
+"""Engine options, fixed at start."""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How much the engine holds and does per step.
+
+    ``max_active``: requests holding an LM KV-cache slot at once (the decode batch bound).
+    ``max_waiting``: requests queued beyond those; more are refused (overload).
+    ``max_len``: LM positions per sequence (prompt + text + generated tokens).
+    ``prefill_chunk``: LM prefill positions per step, so a long prompt cannot stall
+    everyone's decode for long.
+    ``token2wav_per_step``: token2wav chunks (flow + HiFT) run per step; first chunks go first.
+    """
+
+    max_active: int = 16
+    max_waiting: int = 64
+    max_len: int = 2048
+    prefill_chunk: int = 256
+    token2wav_per_step: int = 1
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("max_active", "max_len", "prefill_chunk", "token2wav_per_step"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.max_waiting < 0:
+            raise ValueError("max_waiting must not be negative")

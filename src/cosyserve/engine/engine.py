@@ -1,0 +1,209 @@
+"""The engine: requests in, audio chunks out, one ``step()`` at a time.
+
+Not thread-safe: one thread drives ``step()`` (see :mod:`cosyserve.engine.async_engine`
+for the asyncio front that owns that thread).
+"""
+
+import logging
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+
+from cosyserve.engine.config import EngineConfig
+from cosyserve.engine.lm_runner import LMRunner, NumericalError
+from cosyserve.engine.request import (
+    GenerationSpec,
+    Phase,
+    Request,
+    SegmentState,
+    StepOutput,
+    generators_for,
+)
+from cosyserve.engine.scheduler import Scheduler
+from cosyserve.engine.token2wav import Token2Wav
+from cosyserve.errors import CosyserveError, InvalidRequestError
+from cosyserve.models.flow.flow import Flow
+from cosyserve.models.hift.generator import HiFTGenerator
+from cosyserve.models.kv_cache import KVCache
+from cosyserve.models.lm import CosyVoice2LM
+from cosyserve.models.sampling import LengthLimits
+from cosyserve.pipeline.chunking import Chunk, ChunkSchedule
+
+logger = logging.getLogger(__name__)
+
+
+class InternalError(CosyserveError):
+    """An unexpected failure while running a request; details go to the log only."""
+
+    code = "internal_error"
+
+
+class Engine:
+    """Continuous batching over the LM and chunked token2wav, one request state per request."""
+
+    def __init__(self, lm: CosyVoice2LM, flow: Flow, hift: HiFTGenerator, config: EngineConfig) -> None:
+        self.config = config
+        self.lm_cfg = lm.cfg
+        cache = KVCache.for_config(
+            lm.cfg.qwen, config.max_active, config.max_len, dtype=config.dtype, device=config.device
+        )
+        self.lm_runner = LMRunner(lm, cache)
+        self.token2wav = Token2Wav(flow, hift)
+        self.scheduler = Scheduler(config)
+        self._requests: dict[str, Request] = {}
+        self._lookahead = flow.cfg.pre_lookahead_len
+        self._hop = flow.cfg.encoder.static_chunk_size
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add(self, spec: GenerationSpec) -> None:
+        """Queue a request. Raises OverloadedError when the wait queue is full."""
+        if spec.request_id in self._requests:
+            raise InvalidRequestError(f"request id {spec.request_id!r} is already in use")
+        if not spec.segments:
+            raise InvalidRequestError("nothing to synthesise")
+        lm_gen, vocoder_gen = generators_for(spec.seed)
+        request = Request(
+            spec=spec,
+            segments=[self._segment_state(spec, i) for i in range(len(spec.segments))],
+            lm_generator=lm_gen,
+            vocoder_generator=vocoder_gen,
+        )
+        self.scheduler.add(request)
+        self._requests[spec.request_id] = request
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request now, freeing its KV slot and caches. False if it is unknown."""
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return False
+        self._release(request)
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def active_requests(self) -> int:
+        return len(self._requests)
+
+    def _segment_state(self, spec: GenerationSpec, index: int) -> SegmentState:
+        segment = spec.segments[index]
+        prompt_tokens = int(spec.flow_prompt_tokens.numel())
+        schedule = ChunkSchedule(
+            prompt_tokens, hop=self._hop, lookahead=self._lookahead, first_hop=spec.first_hop
+        )
+        if segment.speech_tokens is not None:
+            return SegmentState(segment, schedule, None, tokens=list(segment.speech_tokens), lm_done=True)
+        if spec.min_tokens is not None or spec.max_tokens is not None:
+            lo = spec.min_tokens or 0
+            hi = spec.max_tokens if spec.max_tokens is not None else max(lo, 1)
+            limits = LengthLimits.forced(lo, max(hi, lo), self.lm_cfg)
+        else:
+            limits = LengthLimits.for_text(len(segment.text_ids), self.lm_cfg)
+        return SegmentState(segment, schedule, limits, lm_done=limits.max_tokens == 0)
+
+    def _release(self, request: Request) -> None:
+        self.scheduler.remove(request)
+        if request.slot is not None:
+            self.lm_runner.cache.free(request.slot)
+            request.slot = None
+        request.prefill_input = None
+        request.phase = Phase.FINISHED
+
+    # -- the step ---------------------------------------------------------------------------
+
+    def step(self) -> list[StepOutput]:
+        """Admit, prefill, decode one token for everyone decoding, run token2wav chunks."""
+        outputs: list[StepOutput] = []
+        for request in self.scheduler.admit():
+            self._guard(request, outputs, partial(self._start_lm, request))
+        for request, n in self.scheduler.prefill_work():
+            self._guard(request, outputs, partial(self.lm_runner.prefill, request, n))
+        batch = self.scheduler.decode_batch()
+        if batch:
+            try:
+                self.lm_runner.decode(batch)
+            except NumericalError as exc:
+                for request in batch:
+                    if request.id in exc.request_ids:
+                        self._fail(request, exc, outputs)
+            except Exception:
+                # A batch-wide failure cannot be pinned on one request: retry one by one so
+                # only the request that fails fails.
+                for request in batch:
+                    self._guard(request, outputs, partial(self.lm_runner.decode, [request]))
+        for request in list(self.scheduler.running):
+            if request.id in self._requests:
+                self._guard(request, outputs, partial(self._advance_lm, request))
+        for request, seg, chunk in self.scheduler.vocode_work():
+            if request.id not in self._requests:
+                continue
+            self._guard(request, outputs, partial(self._vocode, request, seg, chunk, outputs))
+        return outputs
+
+    def _guard(self, request: Request, outputs: list[StepOutput], work: Callable[[], object]) -> None:
+        """Run one request's piece of work; its failure fails that request only."""
+        if request.id not in self._requests:
+            return
+        try:
+            work()
+        except CosyserveError as exc:
+            self._fail(request, exc, outputs)
+        except Exception:
+            logger.exception("request %s failed", request.id)
+            self._fail(request, InternalError("synthesis failed"), outputs)
+
+    def _fail(self, request: Request, error: CosyserveError, outputs: list[StepOutput]) -> None:
+        if self._requests.pop(request.id, None) is None:
+            return
+        self._release(request)
+        outputs.append(StepOutput(request.id, finished=True, error=error))
+
+    def _start_lm(self, request: Request) -> None:
+        """Give an admitted request a slot and start its first segment that needs the LM."""
+        self._skip_lm_free_segments(request)
+        if request.lm_segment >= len(request.segments):
+            request.phase = Phase.VOCODE
+            return
+        request.slot = self.lm_runner.cache.allocate()
+        self.lm_runner.start_segment(request)
+
+    def _skip_lm_free_segments(self, request: Request) -> None:
+        while request.lm_segment < len(request.segments) and request.lm_state.lm_done:
+            request.lm_segment += 1
+
+    def _advance_lm(self, request: Request) -> None:
+        """After a finished segment, start the next one in a fresh slot, or leave the LM."""
+        if request.phase is not Phase.DECODE or not request.lm_state.lm_done:
+            return
+        assert request.slot is not None
+        self.lm_runner.cache.free(request.slot)
+        request.slot = None
+        request.lm_segment += 1
+        self._skip_lm_free_segments(request)
+        if request.lm_segment >= len(request.segments):
+            request.phase = Phase.VOCODE
+            return
+        request.slot = self.lm_runner.cache.allocate()
+        self.lm_runner.start_segment(request)
+
+    def _vocode(self, request: Request, seg: SegmentState, chunk: Chunk, outputs: list[StepOutput]) -> None:
+        audio = self.token2wav.run(request, seg, chunk) if chunk.token_end > 0 else _silence()
+        if request.spec.stream:
+            seg.schedule.advance(chunk)
+        if chunk.finalize:
+            seg.vocoded = True
+            request.vocode_segment += 1
+        first = not request.emitted_audio
+        request.emitted_audio = True
+        done = request.vocode_segment >= len(request.segments)
+        outputs.append(StepOutput(request.id, audio=audio, finished=done, first_chunk=first))
+        if done:
+            self._requests.pop(request.id, None)
+            self._release(request)
+
+
+def _silence() -> np.ndarray:
+    return np.zeros(0, dtype=np.float32)

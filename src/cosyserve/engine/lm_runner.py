@@ -1,0 +1,90 @@
+"""The LM side of a step: chunked prefill and one batched decode step for many requests."""
+
+import torch
+
+from cosyserve.engine.request import Phase, Request, SegmentState
+from cosyserve.errors import CosyserveError
+from cosyserve.models.kv_cache import KVCache
+from cosyserve.models.lm import CosyVoice2LM
+from cosyserve.models.sampling import LengthLimits, sample_tokens
+
+
+class NumericalError(CosyserveError):
+    """The model produced non-finite values for some requests of a batch."""
+
+    code = "numerical_error"
+
+    def __init__(self, message: str, request_ids: list[str]) -> None:
+        super().__init__(message)
+        self.request_ids = request_ids
+
+
+class LMRunner:
+    """Owns the KV cache; runs prefill chunks and batched decode steps."""
+
+    def __init__(self, lm: CosyVoice2LM, cache: KVCache) -> None:
+        self.lm = lm
+        self.cache = cache
+        self._device = lm.llm_decoder.weight.device
+
+    @torch.inference_mode()
+    def start_segment(self, request: Request) -> None:
+        """Prepare the LM input of the request's current segment in its (emptied) slot."""
+        spec = request.spec
+        seg = request.lm_state
+        text = torch.tensor(spec.lm_prefix_ids + seg.spec.text_ids, dtype=torch.long, device=self._device)
+        speech = torch.tensor(spec.lm_prompt_speech, dtype=torch.long, device=self._device)
+        request.prefill_input = self.lm.prompt_embeddings(text, speech)  # (T, H)
+        request.prefill_pos = 0
+        request.phase = Phase.PREFILL
+
+    @torch.inference_mode()
+    def prefill(self, request: Request, budget: int) -> int:
+        """Feed up to ``budget`` positions of the pending LM input; when it is all in, sample
+        the segment's first token. Returns the positions fed."""
+        assert request.prefill_input is not None and request.slot is not None
+        chunk = request.prefill_input[request.prefill_pos : request.prefill_pos + budget]
+        log_probs = self.lm.prefill(chunk, request.slot, self.cache)
+        request.prefill_pos += chunk.shape[0]
+        if request.prefill_pos == request.prefill_input.shape[0]:
+            request.prefill_input = None
+            request.phase = Phase.DECODE
+            self._sample([request], log_probs[None])
+        return int(chunk.shape[0])
+
+    @torch.inference_mode()
+    def decode(self, requests: list[Request]) -> None:
+        """One decode step for every request in ``requests`` (all in phase DECODE)."""
+        last = torch.tensor([r.lm_state.tokens[-1] for r in requests], dtype=torch.long, device=self._device)
+        slots = [r.slot for r in requests]
+        assert all(slot is not None for slot in slots)
+        log_probs = self.lm.decode(last, [s for s in slots if s is not None], self.cache)
+        self._sample(requests, log_probs)
+
+    def _sample(self, requests: list[Request], log_probs: torch.Tensor) -> None:
+        finite = torch.isfinite(log_probs).any(-1) & ~torch.isnan(log_probs).any(-1)
+        if not bool(finite.all()):
+            bad = [r.id for r, ok in zip(requests, finite.tolist(), strict=True) if not ok]
+            raise NumericalError(f"non-finite LM output for {len(bad)} request(s)", bad)
+        segs = [r.lm_state for r in requests]
+        limits = [_limits(s) for s in segs]
+        tokens = sample_tokens(
+            log_probs,
+            [s.tokens for s in segs],
+            [r.lm_generator for r in requests],
+            limits,
+            self.lm.cfg.sampling,
+        ).tolist()
+        stops = set(self.lm.cfg.stop_token_ids)
+        for seg, token, limit in zip(segs, tokens, limits, strict=True):
+            if token in stops:
+                seg.lm_done = True
+                continue
+            seg.tokens.append(int(token))
+            if len(seg.tokens) >= limit.max_tokens:
+                seg.lm_done = True
+
+
+def _limits(seg: SegmentState) -> LengthLimits:
+    assert seg.limits is not None, "segments with given speech tokens never reach the LM"
+    return seg.limits

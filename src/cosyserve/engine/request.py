@@ -1,0 +1,124 @@
+"""One request's state inside the engine.
+
+Everything that belongs to a request lives here (its KV slot number, sampled tokens,
+random generators, chunk cursor and vocoder caches), never on the shared models, so
+requests can join and leave the batch between any two steps.
+"""
+
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+import numpy as np
+import torch
+
+from cosyserve.errors import CosyserveError
+from cosyserve.models.hift.stream import HiFTStreamState
+from cosyserve.models.sampling import LengthLimits
+from cosyserve.pipeline.chunking import ChunkSchedule
+
+
+@dataclass(frozen=True, eq=False)
+class Segment:
+    """One sentence: its text ids for the LM, or speech tokens given directly (no LM)."""
+
+    text_ids: tuple[int, ...] = ()
+    speech_tokens: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class GenerationSpec:
+    """What the engine synthesises, already tokenised and featurised by the frontend.
+
+    LM input per segment: ``[sos] + lm_prefix_ids + segment.text_ids + [task_id] +
+    lm_prompt_speech``. Flow prompt: ``flow_prompt_tokens`` (P,) long, ``flow_prompt_mel``
+    (2P, 80) float32 (P = 0 without a prompt), ``embedding`` (192,) float32.
+    ``min_tokens``/``max_tokens`` force the per-segment token count (None: upstream's
+    limits from the text length).
+    """
+
+    request_id: str
+    segments: tuple[Segment, ...]
+    embedding: torch.Tensor
+    flow_prompt_tokens: torch.Tensor
+    flow_prompt_mel: torch.Tensor
+    lm_prefix_ids: tuple[int, ...] = ()
+    lm_prompt_speech: tuple[int, ...] = ()
+    seed: int = 0
+    stream: bool = False
+    speed: float = 1.0
+    first_hop: int | None = None
+    min_tokens: int | None = None
+    max_tokens: int | None = None
+
+
+class Phase(Enum):
+    WAITING = auto()  # queued, no KV slot yet
+    PREFILL = auto()  # feeding the current segment's LM input into the slot
+    DECODE = auto()  # sampling the current segment's tokens
+    VOCODE = auto()  # LM done for every segment; token2wav still has work
+    FINISHED = auto()
+
+
+@dataclass
+class SegmentState:
+    """Progress of one segment: tokens so far, chunk cursor and vocoder caches."""
+
+    spec: Segment
+    schedule: ChunkSchedule
+    limits: LengthLimits | None
+    tokens: list[int] = field(default_factory=list)
+    lm_done: bool = False
+    hift: HiFTStreamState = field(default_factory=HiFTStreamState)
+    vocoded: bool = False
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one step produced for one request: audio samples (float32, 24 kHz), or the end."""
+
+    request_id: str
+    audio: np.ndarray | None = None
+    finished: bool = False
+    error: CosyserveError | None = None
+    first_chunk: bool = False
+
+
+@dataclass(eq=False)
+class Request:
+    """A request in the engine: its spec plus all mutable progress."""
+
+    spec: GenerationSpec
+    segments: list[SegmentState]
+    lm_generator: torch.Generator
+    vocoder_generator: torch.Generator
+    phase: Phase = Phase.WAITING
+    slot: int | None = None
+    lm_segment: int = 0
+    vocode_segment: int = 0
+    prefill_input: torch.Tensor | None = None  # (T, H) LM input embeddings being prefilled
+    prefill_pos: int = 0
+    emitted_audio: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.spec.request_id
+
+    @property
+    def lm_state(self) -> SegmentState:
+        return self.segments[self.lm_segment]
+
+    @property
+    def vocode_state(self) -> SegmentState | None:
+        if self.vocode_segment >= len(self.segments):
+            return None
+        return self.segments[self.vocode_segment]
+
+
+def generators_for(seed: int) -> tuple[torch.Generator, torch.Generator]:
+    """Independent LM and vocoder generators from one seed, so neither stream's draws
+    depend on how the other's work was scheduled."""
+    lm_seed, vocoder_seed = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint64)
+    return (
+        torch.Generator().manual_seed(int(lm_seed)),
+        torch.Generator().manual_seed(int(vocoder_seed)),
+    )

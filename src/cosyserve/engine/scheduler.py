@@ -1,0 +1,91 @@
+"""Decides what each engine step does: who gets a KV slot, who prefills, who decodes,
+which token2wav chunks run."""
+
+from collections import deque
+
+from cosyserve.engine.config import EngineConfig
+from cosyserve.engine.request import Phase, Request, SegmentState
+from cosyserve.errors import CosyserveError
+from cosyserve.pipeline.chunking import Chunk
+
+
+class OverloadedError(CosyserveError):
+    """The engine's wait queue is full; the caller should retry later."""
+
+    code = "overloaded"
+
+
+class Scheduler:
+    """Holds waiting and running requests in arrival order."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def __len__(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add(self, request: Request) -> None:
+        if len(self.waiting) >= self.config.max_waiting and self.slots_in_use() >= self.config.max_active:
+            raise OverloadedError("the server is at capacity; retry later")
+        self.waiting.append(request)
+
+    def remove(self, request: Request) -> None:
+        if request in self.waiting:
+            self.waiting.remove(request)
+        elif request in self.running:
+            self.running.remove(request)
+
+    def slots_in_use(self) -> int:
+        return sum(1 for r in self.running if r.slot is not None)
+
+    def admit(self) -> list[Request]:
+        """Move waiting requests into running while KV slots are free (FIFO)."""
+        admitted = []
+        while self.waiting and self.slots_in_use() < self.config.max_active:
+            request = self.waiting.popleft()
+            self.running.append(request)
+            admitted.append(request)
+        return admitted
+
+    def prefill_work(self) -> list[tuple[Request, int]]:
+        """(request, positions) to prefill this step, oldest first, within the step budget."""
+        budget = self.config.prefill_chunk
+        work = []
+        for request in self.running:
+            if budget == 0:
+                break
+            if request.phase is Phase.PREFILL and request.prefill_input is not None:
+                n = min(budget, request.prefill_input.shape[0] - request.prefill_pos)
+                work.append((request, n))
+                budget -= n
+        return work
+
+    def decode_batch(self) -> list[Request]:
+        return [r for r in self.running if r.phase is Phase.DECODE and not r.lm_state.lm_done]
+
+    def vocode_work(self) -> list[tuple[Request, SegmentState, Chunk]]:
+        """Ready token2wav chunks, requests without audio yet first (first-packet latency),
+        then arrival order; at most ``token2wav_per_step``."""
+        ready = []
+        for request in self.running:
+            seg = request.vocode_state
+            if seg is None:
+                continue
+            chunk = ready_chunk(request, seg)
+            if chunk is not None:
+                ready.append((request, seg, chunk))
+        ready.sort(key=lambda item: item[0].emitted_audio)  # stable: arrival order within groups
+        return ready[: self.config.token2wav_per_step]
+
+
+def ready_chunk(request: Request, seg: SegmentState) -> Chunk | None:
+    """The segment's next chunk if its tokens are there (non-streaming: all tokens, once)."""
+    if seg.vocoded:
+        return None
+    if request.spec.stream:
+        return seg.schedule.peek(len(seg.tokens), seg.lm_done)
+    if seg.lm_done:
+        return Chunk(token_end=len(seg.tokens), offset=0, finalize=True)
+    return None

@@ -1,0 +1,134 @@
+"""Turns a :class:`SynthesisRequest` into what the engine runs (upstream CosyVoiceFrontEnd).
+
+Modes differ only in what the LM and the flow see (upstream-spec 3.6):
+
+=============  ===========================================  ===========================
+mode           LM input                                      flow prompt
+=============  ===========================================  ===========================
+zero_shot      [sos] prompt_text+text [task] prompt_speech  prompt tokens + mel + x-vec
+cross_lingual  [sos] text [task]                             prompt tokens + mel + x-vec
+instruct2      [sos] instruct<|endofprompt|>+text [task]     prompt tokens + mel + x-vec
+sft            [sos] text [task]                             x-vector only
+vc             (no LM: the source audio's speech tokens)     prompt tokens + mel + x-vec
+=============  ===========================================  ===========================
+"""
+
+import hashlib
+import secrets
+from pathlib import Path
+
+import torch
+
+from cosyserve.engine.request import GenerationSpec, Segment
+from cosyserve.errors import InvalidRequestError
+from cosyserve.frontend.audio import AudioSource, PromptAudioLimits, load_prompt_audio
+from cosyserve.frontend.text_normalizer import TextNormalizer
+from cosyserve.loader import LoadedModel
+from cosyserve.pipeline.request import Mode, SynthesisRequest
+from cosyserve.pipeline.voice import VoicePrompt
+
+END_OF_PROMPT = "<|endofprompt|>"
+
+
+class UnknownSpeakerError(InvalidRequestError):
+    code = "unknown_voice"
+
+
+class Frontend:
+    """Text normalisation, tokenisation and prompt features for one loaded model."""
+
+    def __init__(self, model: LoadedModel, audio_limits: PromptAudioLimits | None = None) -> None:
+        self.model = model
+        self.normalizer = TextNormalizer()
+        self.audio_limits = audio_limits or PromptAudioLimits()
+
+    # -- voices -----------------------------------------------------------------------------
+
+    def voice_from_audio(
+        self, audio: AudioSource, prompt_text: str = "", name: str = "", *, align: bool = True
+    ) -> VoicePrompt:
+        """Prompt features of a recording; ``prompt_text`` is its transcript (zero_shot)."""
+        raw = audio if isinstance(audio, bytes) else Path(audio).read_bytes()
+        wav, rate = load_prompt_audio(raw, self.audio_limits)
+        feats = self.model.features(wav, rate, align=align)
+        text = self.normalizer.normalize(prompt_text) if prompt_text.strip() else ""
+        return VoicePrompt(
+            prompt_text_ids=tuple(self.model.tokenizer.encode(text)) if text else (),
+            speech_tokens=feats.speech_token.reshape(-1).to(torch.long),
+            mel=feats.speech_feat.reshape(-1, feats.speech_feat.shape[-1]).float(),
+            embedding=feats.embedding.reshape(-1).float(),
+            name=name,
+            audio_sha256=hashlib.sha256(raw).hexdigest(),
+            prompt_text=text,
+        )
+
+    def speaker(self, name: str) -> VoicePrompt:
+        embedding = self.model.speakers.get(name)
+        if embedding is None:
+            raise UnknownSpeakerError(f"unknown speaker {name!r}")
+        return VoicePrompt.from_embedding(embedding, name)
+
+    def source_tokens(self, audio: AudioSource) -> tuple[int, ...]:
+        """Speech tokens of a recording (the source of voice conversion)."""
+        raw = audio if isinstance(audio, bytes) else Path(audio).read_bytes()
+        wav, rate = load_prompt_audio(raw, self.audio_limits)
+        feats = self.model.features(wav, rate, align=False)
+        return tuple(int(t) for t in feats.speech_token.reshape(-1).tolist())
+
+    # -- text -------------------------------------------------------------------------------
+
+    def text_segments(self, text: str) -> list[tuple[int, ...]]:
+        """Normalise and split ``text`` into sentences, as Qwen2 ids each."""
+        tokenizer = self.model.tokenizer
+        sentences = self.normalizer.normalize_and_split(text, token_count=lambda s: len(tokenizer.encode(s)))
+        segments = [tuple(tokenizer.encode(s)) for s in sentences]
+        segments = [s for s in segments if s]
+        if not segments:
+            raise InvalidRequestError("text is empty after normalization")
+        return segments
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def build_spec(self, request: SynthesisRequest, request_id: str) -> GenerationSpec:
+        """Validate ``request`` and prepare everything the engine needs for it."""
+        request.validate()
+        voice = request.voice
+        assert voice is not None  # validate() guarantees it
+        mode = request.mode
+        if mode is Mode.VC:
+            assert request.source_speech_tokens is not None
+            segments: tuple[Segment, ...] = (Segment(speech_tokens=request.source_speech_tokens),)
+        elif request.speech_tokens is not None:
+            segments = (Segment(speech_tokens=request.speech_tokens),)
+        else:
+            segments = tuple(Segment(text_ids=ids) for ids in self.text_segments(request.text))
+        prefix: tuple[int, ...] = ()
+        prompt_speech: tuple[int, ...] = ()
+        if mode is Mode.ZERO_SHOT:
+            prefix = voice.prompt_text_ids
+            prompt_speech = tuple(int(t) for t in voice.speech_tokens.tolist())
+        elif mode is Mode.INSTRUCT2:
+            # Upstream does not normalise the instruction; the marker ends it.
+            instruct = (
+                request.instruct
+                if request.instruct.endswith(END_OF_PROMPT)
+                else request.instruct + END_OF_PROMPT
+            )
+            prefix = tuple(self.model.tokenizer.encode(instruct))
+        with_prompt = mode is not Mode.SFT
+        opts = request.options
+        return GenerationSpec(
+            request_id=request_id,
+            segments=segments,
+            embedding=voice.embedding,
+            flow_prompt_tokens=voice.speech_tokens if with_prompt else torch.zeros(0, dtype=torch.long),
+            flow_prompt_mel=voice.mel if with_prompt else torch.zeros(0, voice.mel.shape[-1]),
+            lm_prefix_ids=prefix,
+            lm_prompt_speech=prompt_speech,
+            seed=opts.seed if opts.seed is not None else secrets.randbits(63),
+            stream=request.stream,
+            speed=opts.speed,
+            first_hop=opts.first_hop,
+            min_tokens=opts.min_tokens,
+            max_tokens=opts.max_tokens,
+        )

@@ -1,0 +1,78 @@
+"""The public Python API: text (+ a voice) in, 24 kHz float32 audio out.
+
+    synth = Synthesizer.from_model_dir("pretrained_models/CosyVoice2-0.5B")
+    voice = synth.voice_from_audio("prompt.wav", prompt_text="希望你以后能够做的比我还好呦。")
+    audio = synth.synthesize(SynthesisRequest("你好。", Mode.ZERO_SHOT, voice=voice))
+    for chunk in synth.stream(SynthesisRequest("你好。", Mode.ZERO_SHOT, voice=voice, stream=True)):
+        ...
+
+A synthesizer owns a private engine driven on the caller's thread; a server shares one
+engine between requests through :class:`~cosyserve.engine.async_engine.AsyncEngine`.
+"""
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from cosyserve.engine.config import EngineConfig
+from cosyserve.engine.engine import Engine
+from cosyserve.errors import InvalidRequestError
+from cosyserve.frontend.audio import AudioSource
+from cosyserve.loader import LoadedModel, load_model
+from cosyserve.pipeline.frontend import Frontend
+from cosyserve.pipeline.request import SynthesisRequest
+from cosyserve.pipeline.voice import VoicePrompt
+
+
+class Synthesizer:
+    """Synthesis on one loaded model, one request at a time on the calling thread."""
+
+    def __init__(self, model: LoadedModel, engine_config: EngineConfig | None = None) -> None:
+        self.model = model
+        self.frontend = Frontend(model)
+        self.engine = Engine(model.lm, model.flow, model.hift, engine_config or EngineConfig(max_active=1))
+
+    @classmethod
+    def from_model_dir(cls, path: Path | str, engine_config: EngineConfig | None = None) -> "Synthesizer":
+        return cls(load_model(path), engine_config)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.model.hparams.sample_rate
+
+    def voice_from_audio(self, audio: AudioSource, prompt_text: str = "", name: str = "") -> VoicePrompt:
+        """Compute a voice's prompt features once (reuse the result for many requests)."""
+        return self.frontend.voice_from_audio(audio, prompt_text, name)
+
+    def speaker(self, name: str) -> VoicePrompt:
+        """A built-in ``spk2info.pt`` speaker (embedding only, for mode ``sft``)."""
+        return self.frontend.speaker(name)
+
+    def stream(self, request: SynthesisRequest) -> Iterator[np.ndarray]:
+        """Yield float32 mono chunks at :attr:`sample_rate` as they are made."""
+        spec = self.frontend.build_spec(request, request_id=uuid.uuid4().hex)
+        self.engine.add(spec)
+        finished = False
+        try:
+            while not finished:
+                for out in self.engine.step():
+                    if out.request_id != spec.request_id:
+                        continue
+                    if out.error is not None:
+                        finished = True
+                        raise out.error
+                    if out.audio is not None and out.audio.size:
+                        yield out.audio
+                    finished = out.finished
+                if not finished and not self.engine.has_work():
+                    raise InvalidRequestError("the request ended without audio")
+        finally:
+            if not finished:
+                self.engine.abort(spec.request_id)
+
+    def synthesize(self, request: SynthesisRequest) -> np.ndarray:
+        """The whole waveform, float32 mono at :attr:`sample_rate`."""
+        chunks = list(self.stream(request))
+        return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
