@@ -21,6 +21,7 @@ from cosyserve.engine.request import (
     generators_for,
 )
 from cosyserve.engine.scheduler import Scheduler
+from cosyserve.engine.stats import EngineStats
 from cosyserve.engine.token2wav import Token2Wav
 from cosyserve.errors import CosyserveError, InvalidRequestError
 from cosyserve.models.flow.flow import Flow
@@ -48,8 +49,9 @@ class Engine:
         cache = KVCache.for_config(
             lm.cfg.qwen, config.max_active, config.max_len, dtype=config.dtype, device=config.device
         )
-        self.lm_runner = LMRunner(lm, cache)
-        self.token2wav = Token2Wav(flow, hift)
+        self.stats = EngineStats()
+        self.lm_runner = LMRunner(lm, cache, self.stats)
+        self.token2wav = Token2Wav(flow, hift, self.stats)
         self.scheduler = Scheduler(config)
         self._requests: dict[str, Request] = {}
         self._lookahead = flow.cfg.pre_lookahead_len

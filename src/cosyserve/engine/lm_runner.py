@@ -3,6 +3,7 @@
 import torch
 
 from cosyserve.engine.request import Phase, Request, SegmentState
+from cosyserve.engine.stats import EngineStats
 from cosyserve.errors import CosyserveError
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM
@@ -22,9 +23,10 @@ class NumericalError(CosyserveError):
 class LMRunner:
     """Owns the KV cache; runs prefill chunks and batched decode steps."""
 
-    def __init__(self, lm: CosyVoice2LM, cache: KVCache) -> None:
+    def __init__(self, lm: CosyVoice2LM, cache: KVCache, stats: EngineStats) -> None:
         self.lm = lm
         self.cache = cache
+        self.stats = stats
         self._device = lm.llm_decoder.weight.device
 
     @torch.inference_mode()
@@ -44,7 +46,9 @@ class LMRunner:
         the segment's first token. Returns the positions fed."""
         assert request.prefill_input is not None and request.slot is not None
         chunk = request.prefill_input[request.prefill_pos : request.prefill_pos + budget]
-        log_probs = self.lm.prefill(chunk, request.slot, self.cache)
+        with self.stats.timed("prefill"):
+            log_probs = self.lm.prefill(chunk, request.slot, self.cache)
+        self.stats.prefill_tokens += int(chunk.shape[0])
         request.prefill_pos += chunk.shape[0]
         if request.prefill_pos == request.prefill_input.shape[0]:
             request.prefill_input = None
@@ -58,8 +62,12 @@ class LMRunner:
         last = torch.tensor([r.lm_state.tokens[-1] for r in requests], dtype=torch.long, device=self._device)
         slots = [r.slot for r in requests]
         assert all(slot is not None for slot in slots)
-        log_probs = self.lm.decode(last, [s for s in slots if s is not None], self.cache)
-        self._sample(requests, log_probs)
+        with self.stats.timed("decode"):
+            log_probs = self.lm.decode(last, [s for s in slots if s is not None], self.cache)
+            self._sample(requests, log_probs)
+        self.stats.decode_steps += 1
+        self.stats.decoded_tokens += len(requests)
+        self.stats.last_decode_batch = len(requests)
 
     def _sample(self, requests: list[Request], log_probs: torch.Tensor) -> None:
         finite = torch.isfinite(log_probs).any(-1) & ~torch.isnan(log_probs).any(-1)

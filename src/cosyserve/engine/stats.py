@@ -1,0 +1,38 @@
+"""Counters the engine keeps about its own work (read by metrics, benchmarks and the CLI).
+
+The engine thread is the only writer; readers take a :meth:`EngineStats.snapshot`.
+"""
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+
+@dataclass
+class EngineStats:
+    """Cumulative wall seconds per stage and work counts since the engine started."""
+
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    flow_s: float = 0.0
+    hift_s: float = 0.0
+    prefill_tokens: int = 0
+    decode_steps: int = 0
+    decoded_tokens: int = 0
+    flow_calls: int = 0
+    hift_calls: int = 0
+    audio_samples: int = 0
+    last_decode_batch: int = 0
+
+    @contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        """Add the wall time of the ``with`` body to ``<stage>_s``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, f"{stage}_s", getattr(self, f"{stage}_s") + time.perf_counter() - start)
+
+    def snapshot(self) -> "EngineStats":
+        return replace(self)
