@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
+from cosyserve import cli_bench, cli_serve, cli_synth
 from cosyserve.errors import CosyserveError
 
 EXIT_ERROR = 2
@@ -86,6 +87,10 @@ def _human(n: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.2f} GiB"
+
+
+for _module in (cli_synth, cli_serve, cli_bench):
+    _module.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,7 @@
+"""The ``cosyserve bench``  command(s)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the root app."""
