@@ -9,6 +9,9 @@ from cosyserve.errors import CosyserveError
 from cosyserve.pipeline.chunking import Chunk
 
 
+_NEEDS_SLOT = frozenset({Phase.WAITING, Phase.PREFILL, Phase.DECODE})
+
+
 class OverloadedError(CosyserveError):
     """The engine's wait queue is full; the caller should retry later."""
 
@@ -38,7 +41,8 @@ class Scheduler:
             self.running.remove(request)
 
     def slots_in_use(self) -> int:
-        return sum(1 for r in self.running if r.slot is not None)
+        """Running requests that hold a KV slot or are about to take one (admitted this step)."""
+        return sum(1 for r in self.running if r.phase in _NEEDS_SLOT)
 
     def admit(self) -> list[Request]:
         """Move waiting requests into running while KV slots are free (FIFO)."""
