@@ -1,0 +1,1 @@
+"""Serving: the speech service and its transports (HTTP, WebSocket, gRPC)."""

@@ -1,0 +1,232 @@
+"""The speech service: what every transport (HTTP, WebSocket, gRPC) calls.
+
+It resolves voices, infers the mode, runs the frontend off the event loop, admits or
+refuses requests (bounded concurrency and queue: overload is refused at once, never left
+to hang), enforces the per-request deadline, and streams the engine's audio. It imports
+no web or RPC library; transports map its :class:`~cosyserve.errors.CosyserveError`
+subclasses to status codes in :mod:`cosyserve.server.error_map`.
+"""
+
+import asyncio
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from cosyserve.engine.async_engine import AsyncEngine, AudioChunk
+from cosyserve.engine.scheduler import OverloadedError
+from cosyserve.errors import CosyserveError, InvalidRequestError
+from cosyserve.loader import LoadedModel
+from cosyserve.pipeline.frontend import Frontend, UnknownSpeakerError
+from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
+from cosyserve.pipeline.voice import VoicePrompt
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+# Voice names become URL path segments and database keys: no separators, no dots.
+_VOICE_NAME = re.compile(r"^[\w\-]{1,64}$")
+
+
+class DeadlineExceededError(CosyserveError):
+    """The request ran past its deadline and was aborted."""
+
+    code = "deadline_exceeded"
+
+
+class VoiceExistsError(InvalidRequestError):
+    code = "voice_exists"
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    """``max_active`` requests synthesise at once, ``max_queued`` more wait; beyond that a
+    request is refused at once with ``retry_after_s``. ``deadline_s`` bounds a request's
+    whole life (None: no deadline)."""
+
+    max_active: int = 8
+    max_queued: int = 16
+    deadline_s: float | None = 300.0
+    retry_after_s: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_active < 1 or self.max_queued < 0:
+            raise ValueError("max_active must be >= 1 and max_queued >= 0")
+        if self.deadline_s is not None and self.deadline_s <= 0:
+            raise ValueError("deadline_s must be positive")
+
+
+class VoiceRegistry(Protocol):
+    """Where registered voices live (the SQLite store in production)."""
+
+    def get(self, name: str) -> VoicePrompt | None: ...
+
+    def put(self, voice: VoicePrompt) -> None: ...
+
+    def delete(self, name: str) -> bool: ...
+
+    def names(self) -> list[str]: ...
+
+
+@dataclass(frozen=True, eq=False)
+class SpeechParams:
+    """A transport-neutral synthesis request.
+
+    The voice is ``prompt_audio`` (a recording, any supported format; with
+    ``prompt_text`` its transcript) or ``voice`` (a registered voice or a built-in
+    speaker). ``mode`` None infers it: source audio -> vc, an instruction -> instruct2,
+    a voice with a transcript -> zero_shot, with audio only -> cross_lingual, a built-in
+    embedding-only speaker -> sft.
+    """
+
+    text: str
+    voice: str | None = None
+    prompt_audio: bytes | None = None
+    prompt_text: str = ""
+    instruct: str = ""
+    source_audio: bytes | None = None
+    mode: Mode | None = None
+    stream: bool = True
+    options: SynthesisOptions = field(default_factory=SynthesisOptions)
+
+
+class SpeechService:
+    """One per process; shared by all transports through ``app.state``."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        engine: AsyncEngine,
+        voices: VoiceRegistry,
+        limits: ServiceLimits | None = None,
+        frontend_threads: int = 2,
+    ) -> None:
+        self.model = model
+        self.engine = engine
+        self.voices = voices
+        self.limits = limits or ServiceLimits()
+        self.frontend = Frontend(model)
+        self._executor = ThreadPoolExecutor(frontend_threads, thread_name_prefix="cosyserve-frontend")
+        self._in_flight = 0
+
+    @property
+    def sample_rate(self) -> int:
+        return self.model.hparams.sample_rate
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not yet finished (synthesising or queued)."""
+        return self._in_flight
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    # -- synthesis --------------------------------------------------------------------------
+
+    def admit(self) -> None:
+        """Take a place or raise :class:`OverloadedError` at once (never waits)."""
+        if self._in_flight >= self.limits.max_active + self.limits.max_queued:
+            raise OverloadedError("the server is at capacity; retry later")
+        self._in_flight += 1
+
+    def release(self) -> None:
+        self._in_flight -= 1
+
+    async def synthesize(self, params: SpeechParams) -> AsyncIterator[AudioChunk]:
+        """Admit, prepare and stream one request's audio (float32 mono at
+        :attr:`sample_rate`). Stopping the iteration early aborts the request."""
+        self.admit()
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = None if self.limits.deadline_s is None else loop.time() + self.limits.deadline_s
+            request = await self._run(self._request, params)
+            spec = await self._run(self.frontend.build_spec, request, uuid.uuid4().hex)
+            chunks = self.engine.generate(spec)
+            try:
+                while True:
+                    remaining = None if deadline is None else deadline - loop.time()
+                    if remaining is not None and remaining <= 0:
+                        raise DeadlineExceededError("the request ran past its deadline")
+                    try:
+                        chunk = await asyncio.wait_for(anext(chunks), remaining)
+                    except StopAsyncIteration:
+                        return
+                    except TimeoutError:
+                        raise DeadlineExceededError("the request ran past its deadline") from None
+                    yield chunk
+            finally:
+                await chunks.aclose()  # aborts the engine request if it is still running
+        finally:
+            self.release()
+
+    def _request(self, params: SpeechParams) -> SynthesisRequest:
+        """Resolve the voice and mode (runs on the frontend pool: feature extraction is CPU work)."""
+        if params.prompt_audio is not None:
+            voice = self.frontend.voice_from_audio(params.prompt_audio, params.prompt_text)
+        elif params.voice:
+            voice = self.resolve_voice(params.voice)
+        else:
+            raise InvalidRequestError("a voice is required: give a voice name or prompt audio")
+        source = self.frontend.source_tokens(params.source_audio) if params.source_audio else None
+        mode = params.mode or _infer_mode(params, voice)
+        return SynthesisRequest(
+            text=params.text,
+            mode=mode,
+            voice=voice,
+            instruct=params.instruct,
+            source_speech_tokens=source,
+            stream=params.stream,
+            options=params.options,
+        )
+
+    # -- voices -----------------------------------------------------------------------------
+
+    def resolve_voice(self, name: str) -> VoicePrompt:
+        """A registered voice, else a built-in speaker; :class:`UnknownSpeakerError` if neither."""
+        check_voice_name(name)
+        voice = self.voices.get(name)
+        if voice is not None:
+            return voice
+        if name in self.model.speakers:
+            return self.frontend.speaker(name)
+        raise UnknownSpeakerError(f"unknown voice {name!r}")
+
+    def voice_names(self) -> list[tuple[str, str]]:
+        """(name, kind) of every voice: ``registered`` or ``builtin``."""
+        registered = [(n, "registered") for n in self.voices.names()]
+        return registered + [(n, "builtin") for n in sorted(self.model.speakers)]
+
+    async def add_voice(self, name: str, audio: bytes, prompt_text: str) -> VoicePrompt:
+        """Compute a recording's features once and store them under ``name``."""
+        check_voice_name(name)
+        if self.voices.get(name) is not None or name in self.model.speakers:
+            raise VoiceExistsError(f"voice {name!r} already exists")
+        voice = await self._run(self.frontend.voice_from_audio, audio, prompt_text, name)
+        self.voices.put(voice)
+        return voice
+
+    def delete_voice(self, name: str) -> None:
+        check_voice_name(name)
+        if not self.voices.delete(name):
+            raise UnknownSpeakerError(f"unknown voice {name!r}")
+
+    async def _run(self, fn: Callable[..., _T], *args: object) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+
+def check_voice_name(name: str) -> None:
+    if not _VOICE_NAME.fullmatch(name):
+        raise InvalidRequestError("invalid voice name: use 1-64 letters, digits, '_' or '-'")
+
+
+def _infer_mode(params: SpeechParams, voice: VoicePrompt) -> Mode:
+    if params.source_audio is not None:
+        return Mode.VC
+    if params.instruct:
+        return Mode.INSTRUCT2
+    if not voice.has_audio_prompt:
+        return Mode.SFT
+    return Mode.ZERO_SHOT if voice.prompt_text_ids else Mode.CROSS_LINGUAL
