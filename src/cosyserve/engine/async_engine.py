@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,7 +78,7 @@ class AsyncEngine:
         with self._cond:
             return len(self._streams)
 
-    async def generate(self, spec: GenerationSpec) -> AsyncIterator[AudioChunk]:
+    async def generate(self, spec: GenerationSpec) -> AsyncGenerator[AudioChunk, None]:
         """Submit ``spec`` and yield its audio as it is made. Raises the request's
         :class:`CosyserveError` if it fails. Leaving the iteration early (a client that
         disconnects, a cancelled task) aborts the request in the engine."""
