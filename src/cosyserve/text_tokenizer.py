@@ -18,6 +18,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_
 from tokenizers.models import BPE
 
 from cosyserve.errors import ModelDirError
+from cosyserve.frontend.text_tokens import SPECIAL_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -27,30 +28,9 @@ QWEN2_SPLIT_REGEX = (
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
-# Added by upstream's QwenTokenizer in this order; the first three already exist in
-# CosyVoice-BlankEN, so the rest get 151646 (<|endofprompt|>) ... 151662 ([mn]).
-COSYVOICE2_SPECIAL_TOKENS = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|endofprompt|>",
-    "[breath]",
-    "<strong>",
-    "</strong>",
-    "[noise]",
-    "[laughter]",
-    "[cough]",
-    "[clucking]",
-    "[accent]",
-    "[quick_breath]",
-    "<laughter>",
-    "</laughter>",
-    "[hissing]",
-    "[sigh]",
-    "[vocalized-noise]",
-    "[lipsmack]",
-    "[mn]",
-)
+# Added by upstream's QwenTokenizer in the order of SPECIAL_TOKENS; the first three already
+# exist in CosyVoice-BlankEN, so the rest get 151646 (<|endofprompt|>) ... 151662 ([mn]).
+COSYVOICE2_SPECIAL_TOKENS = SPECIAL_TOKENS
 ENDOFPROMPT_ID = 151646
 
 VOCAB_FILE = "vocab.json"
