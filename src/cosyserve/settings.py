@@ -1,0 +1,144 @@
+"""Server settings: one flat, validated object read from flags, environment and a TOML file.
+
+Precedence, highest first: command-line flags (keyword arguments of :meth:`Settings.load`),
+environment variables ``COSYSERVE_<FIELD>`` (e.g. ``COSYSERVE_PORT=9000``), the TOML file
+named by ``--config`` or ``COSYSERVE_CONFIG`` (top-level keys named like the fields), then
+the defaults below. Invalid values raise :class:`SettingsError` with one line naming the
+setting, which the CLI prints as ``error: ...`` (exit status 2).
+
+Keep this one flat class: every field is one setting, documented by its ``description``.
+"""
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from cosyserve.errors import CosyserveError
+
+ENV_PREFIX = "COSYSERVE_"
+CONFIG_ENV = "COSYSERVE_CONFIG"
+_MODEL_DIR_ENV = "COSYSERVE_MODEL_DIR"
+_MODEL_NAME = "CosyVoice2-0.5B"
+
+LogLevel = Literal["critical", "error", "warning", "info", "debug"]
+
+
+class SettingsError(CosyserveError):
+    """A setting has an invalid value, or the config file is missing or malformed."""
+
+    code = "invalid_settings"
+
+
+def _cache_dir() -> Path:
+    # The same rule as cosyserve.paths (XDG cache dir, else ~/.cache).
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return base / "cosyserve"
+
+
+def _default_model_dir() -> Path:
+    configured = os.environ.get(_MODEL_DIR_ENV, "")
+    return Path(configured).expanduser() if configured else _cache_dir() / "models" / _MODEL_NAME
+
+
+def _default_voices_db() -> Path:
+    return _cache_dir() / "voices.sqlite3"
+
+
+class Settings(BaseSettings):
+    """Everything ``cosyserve serve`` can be told. Build with :meth:`load`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True, toml_file=None
+    )
+
+    model_dir: Path = Field(
+        default_factory=_default_model_dir,
+        description="CosyVoice2-0.5B model directory (default: $COSYSERVE_MODEL_DIR, else "
+        "~/.cache/cosyserve/models/CosyVoice2-0.5B).",
+    )
+    host: str = Field("127.0.0.1", min_length=1, description="HTTP (and gRPC) listen address.")
+    port: int = Field(8000, ge=0, le=65535, description="HTTP port (0: any free port).")
+    grpc_port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 disables gRPC.")
+    workers: int = Field(
+        1, ge=1, le=64, description="Server processes behind the port, each with its own engine."
+    )
+    max_active: int = Field(8, ge=1, le=1024, description="Requests synthesising at once per process.")
+    max_queued: int = Field(
+        16, ge=0, le=100_000, description="Requests waiting beyond max_active; more get 429 at once."
+    )
+    deadline_s: float = Field(
+        300.0, ge=0, description="A request's whole-life limit in seconds (504 past it); 0: none."
+    )
+    max_text_chars: int = Field(
+        2000, ge=1, le=1_000_000, description="Longest input text of POST /v1/audio/speech."
+    )
+    max_tts_text_chars: int = Field(200, ge=1, le=1_000_000, description="Longest text of GET /tts.")
+    max_upload_bytes: int = Field(
+        10 * 1024 * 1024, ge=1024, description="Largest request body (prompt audio uploads); 413 past it."
+    )
+    voices_db: Path = Field(
+        default_factory=_default_voices_db,
+        description="SQLite file of registered voices (default ~/.cache/cosyserve/voices.sqlite3).",
+    )
+    shutdown_grace_s: float = Field(
+        30.0, ge=0, description="On SIGTERM, how long in-flight requests may finish before abort."
+    )
+    frontend_threads: int = Field(
+        2, ge=1, le=64, description="Threads for CPU request preparation (text, prompt features)."
+    )
+    log_level: LogLevel = Field("info", description="Log level of the server process(es).")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+    @classmethod
+    def load(cls, config_file: Path | None = None, **overrides: Any) -> "Settings":
+        """Settings from ``overrides`` (flags; None values are ignored), the environment,
+        and ``config_file`` (else ``$COSYSERVE_CONFIG``, else none)."""
+        path = config_file or (Path(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else None)
+        if path is not None and not path.is_file():
+            raise SettingsError(f"config file {path} does not exist")
+        # The TOML source reads the file named in model_config, so bind it to a subclass.
+        bound = type(
+            cls.__name__,
+            (cls,),
+            {"model_config": {**cls.model_config, "toml_file": path}, "__module__": cls.__module__},
+        )
+        given = {k: v for k, v in overrides.items() if v is not None}
+        try:
+            return bound(**given)  # type: ignore[no-any-return]
+        except ValidationError as exc:
+            raise SettingsError(_describe(exc, path)) from None
+        except (OSError, ValueError) as exc:  # unreadable or malformed TOML
+            raise SettingsError(f"cannot read config file {path}: {exc}") from None
+
+    def to_env(self) -> dict[str, str]:
+        """These settings as ``COSYSERVE_*`` variables: how worker processes receive them."""
+        return {f"{ENV_PREFIX}{name.upper()}": str(value) for name, value in self.model_dump().items()}
+
+
+def _describe(exc: ValidationError, path: Path | None) -> str:
+    first = exc.errors()[0]
+    name = ".".join(str(part) for part in first["loc"]) or "settings"
+    if first["type"] == "extra_forbidden":
+        where = f" in {path}" if path is not None else ""
+        return f"unknown setting {name!r}{where}"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"invalid setting {name}: {first['msg']}{more}"
