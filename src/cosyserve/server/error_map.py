@@ -93,16 +93,19 @@ _RULES: tuple[tuple[type[CosyserveError], _Rule], ...] = (
 _INTERNAL = _Rule(500, grpc.StatusCode.INTERNAL, "server_error")
 
 
-def map_error(exc: BaseException, retry_after_s: int = 1, param: str | None = None) -> MappedError:
+def map_error(
+    exc: BaseException, retry_after_s: int = 1, param: str | None = None, *, log: bool = True
+) -> MappedError:
     """What to tell a client about ``exc``. Server-side errors are logged here (with their
-    traceback unless cosyserve raised them on purpose), so callers need not log again."""
+    traceback unless cosyserve raised them on purpose), so callers need not log again;
+    ``log=False`` where the caller's framework logs the traceback itself."""
     rule = _INTERNAL
     if isinstance(exc, CosyserveError):
         rule = next((r for cls, r in _RULES if isinstance(exc, cls)), _INTERNAL)
     if rule is _INTERNAL:
-        if isinstance(exc, CosyserveError):
+        if log and isinstance(exc, CosyserveError):
             logger.error("request failed: %s: %s", exc.code, exc)
-        else:
+        elif log:
             logger.error("request failed with an unexpected error", exc_info=exc)
         return MappedError(rule.http_status, rule.grpc_status, "internal_error", GENERIC_MESSAGE, rule.type)
     assert isinstance(exc, CosyserveError)  # only CosyserveError subclasses have rules

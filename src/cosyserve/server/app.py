@@ -1,0 +1,62 @@
+"""The HTTP app factory: ``create_app(settings)`` builds a FastAPI app with no module state.
+
+The lifespan starts the :class:`~cosyserve.server.runtime.ServerRuntime` in the background
+(model loading, engine thread, voice store, warm-up), so ``/health`` answers at once and
+``/ready`` turns 200 when synthesis is possible. Routes, wire models and the service live
+in their own modules; routes reach the service through ``request.app.state.service``.
+"""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import FastAPI
+
+from cosyserve.server import routes_health, routes_openai, routes_tts
+from cosyserve.server.body_limit import BodySizeLimit
+from cosyserve.server.http_errors import install_error_handlers
+from cosyserve.server.runtime import ServerRuntime
+from cosyserve.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -> FastAPI:
+    """The HTTP app of one server process. ``on_fatal`` is called if the start fails
+    (model cannot load, ...); without it the process stays up and ``/ready`` says failed."""
+    runtime = ServerRuntime(settings, on_fatal)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async def start() -> None:
+            await runtime.start()
+            app.state.service = runtime.service if runtime.ready else None
+
+        starting = asyncio.create_task(start(), name="cosyserve-start")
+        try:
+            yield
+        finally:
+            app.state.service = None
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            await runtime.stop()
+
+    app = FastAPI(
+        title="cosyserve",
+        summary="CosyVoice 2 speech synthesis: OpenAI-compatible API, streaming, voices.",
+        lifespan=lifespan,
+    )
+    app.state.runtime = runtime
+    app.state.service = None
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_upload_bytes)
+    app.include_router(routes_health.router)
+    app.include_router(routes_openai.router)
+    app.include_router(routes_tts.router)
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """Factory for worker processes (``uvicorn --factory``): settings from ``COSYSERVE_*``."""
+    return create_app(Settings.load())

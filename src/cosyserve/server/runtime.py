@@ -1,0 +1,150 @@
+"""What one server process runs, from model loading to shutdown.
+
+:class:`ServerRuntime` loads the model, starts the engine thread, opens the voice store,
+builds the :class:`~cosyserve.server.service.SpeechService`, warms up, and on shutdown
+stops everything in order. The app factory keeps it on ``app.state.runtime`` (and the
+service on ``app.state.service`` once ready); nothing lives at module level.
+
+Lifecycle: ``starting`` (loading, warm-up; ``/ready`` answers 503) -> ``ready`` ->
+``draining`` (SIGTERM: no new requests, in-flight ones finish within the grace period) ->
+``stopped``. A start that fails ends in ``failed`` and calls ``on_fatal``.
+"""
+
+import asyncio
+import logging
+from collections.abc import Callable
+from enum import StrEnum
+
+import torch
+
+from cosyserve.engine.async_engine import AsyncEngine
+from cosyserve.engine.config import EngineConfig
+from cosyserve.engine.engine import Engine
+from cosyserve.errors import CosyserveError
+from cosyserve.loader import load_model
+from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
+from cosyserve.pipeline.voice import VoicePrompt
+from cosyserve.server.error_map import NotReadyError
+from cosyserve.server.service import ServiceLimits, SpeechService
+from cosyserve.settings import Settings
+from cosyserve.voices.store import VoiceStore
+
+logger = logging.getLogger(__name__)
+
+# Forced speech tokens of the warm-up request: enough for a streamed chunk and a final one.
+WARMUP_TOKENS = 30
+
+
+class Phase(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class ServerRuntime:
+    """The model, engine, voice store and service of one process, and their state."""
+
+    def __init__(self, settings: Settings, on_fatal: Callable[[], None] | None = None) -> None:
+        self.settings = settings
+        self.phase = Phase.STARTING
+        self.service: SpeechService | None = None
+        self._on_fatal = on_fatal
+        self._engine: AsyncEngine | None = None
+        self._voices: VoiceStore | None = None
+
+    @property
+    def engine_alive(self) -> bool:
+        return self._engine is not None and self._engine.alive
+
+    @property
+    def engine_requests(self) -> int:
+        """Requests inside the engine (queued or running); 0 before the engine starts."""
+        return 0 if self._engine is None else self._engine.active_requests
+
+    @property
+    def ready(self) -> bool:
+        return self.phase is Phase.READY and self.engine_alive
+
+    def require_service(self) -> SpeechService:
+        """The service, if requests are being accepted; else :class:`NotReadyError` (503)."""
+        if self.phase is not Phase.READY or self.service is None:
+            raise NotReadyError(f"the server is not accepting requests ({self.phase.value})")
+        return self.service
+
+    async def start(self) -> None:
+        """Load, build and warm up; then the phase is ``ready`` (or ``failed``)."""
+        settings = self.settings
+        try:
+            model = await asyncio.to_thread(load_model, settings.model_dir)
+            engine = Engine(
+                model.lm,
+                model.flow,
+                model.hift,
+                EngineConfig(max_active=settings.max_active, max_waiting=settings.max_queued),
+            )
+            self._engine = AsyncEngine(engine)
+            self._engine.start()
+            self._voices = await asyncio.to_thread(VoiceStore, settings.voices_db)
+            limits = ServiceLimits(
+                max_active=settings.max_active,
+                max_queued=settings.max_queued,
+                deadline_s=settings.deadline_s or None,
+            )
+            service = SpeechService(model, self._engine, self._voices, limits, settings.frontend_threads)
+            self.service = service
+            await self._warm_up(service)
+        except CosyserveError as exc:
+            logger.error("server start failed: %s", exc)
+            self._fail()
+            return
+        except Exception:
+            logger.exception("server start failed")
+            self._fail()
+            return
+        self.phase = Phase.READY
+        logger.info("ready: model %s", settings.model_dir)
+
+    async def _warm_up(self, service: SpeechService) -> None:
+        """One short streamed synthesis with forced tokens, so the first real request does
+        not pay for lazy initialisation (allocator, kernels, caches)."""
+        model = service.model
+        embedding = torch.zeros(model.hparams.flow.spk_embed_dim)
+        request = SynthesisRequest(
+            "warm up.",
+            Mode.SFT,
+            voice=VoicePrompt.from_embedding(embedding, "warmup"),
+            stream=True,
+            options=SynthesisOptions(seed=0, min_tokens=WARMUP_TOKENS, max_tokens=WARMUP_TOKENS),
+        )
+        spec = await asyncio.to_thread(service.frontend.build_spec, request, "warmup")
+        assert self._engine is not None
+        samples = 0
+        async for chunk in self._engine.generate(spec):
+            samples += chunk.audio.size
+        logger.info("warm-up done: %d samples", samples)
+
+    def _fail(self) -> None:
+        self.phase = Phase.FAILED
+        if self._on_fatal is not None:
+            self._on_fatal()
+
+    async def drain(self) -> None:
+        """Stop taking new requests (``/ready`` turns 503); in-flight ones go on."""
+        if self.phase in (Phase.STARTING, Phase.READY):
+            self.phase = Phase.DRAINING
+            logger.info("draining: no new requests")
+
+    async def stop(self) -> None:
+        """Stop the engine thread (aborting what still runs), the executors and the store."""
+        await self.drain()
+        if self._engine is not None:
+            await asyncio.to_thread(self._engine.shutdown)
+        if self.service is not None:
+            await asyncio.to_thread(self.service.close)
+        if self._voices is not None:
+            self._voices.close()
+        if self.phase is not Phase.FAILED:
+            self.phase = Phase.STOPPED
+        logger.info("stopped")

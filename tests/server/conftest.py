@@ -1,0 +1,133 @@
+"""The real server as a subprocess (``cosyserve serve``) on the tiny model, for HTTP tests.
+
+``server`` is one session-wide server with small limits (max_active 2, max_queued 2) and
+gRPC off; tests that need other settings, or that stop the server, start their own with
+:func:`running_server`. Every server is stopped at the end (SIGTERM, then SIGKILL).
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 20.0
+_LISTENING = re.compile(r"HTTP listening on (http://[\d.]+:\d+)")
+
+
+@dataclass
+class ServerProcess:
+    """A running ``cosyserve serve``: its base URL, process and log file."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def ready(self) -> httpx.Response:
+        return httpx.get(f"{self.url}/ready", timeout=10)
+
+
+def serve_command(*args: str) -> list[str]:
+    """``cosyserve serve ARGS`` with this interpreter (the console script may be absent)."""
+    return [sys.executable, "-c", "from cosyserve.cli import main; main()", "serve", *args]
+
+
+def isolated_env(tmp: Path) -> dict[str, str]:
+    """The environment without COSYSERVE_* settings, with a private cache directory."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSYSERVE_")}
+    env["XDG_CACHE_HOME"] = str(tmp / "cache")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def server_args(model_dir: Path, tmp: Path, **settings: object) -> list[str]:
+    """Flags for a test server: any free port, no gRPC, a private voice database;
+    ``settings`` are more flags (``max_active=1`` -> ``--max-active 1``)."""
+    values: dict[str, object] = {
+        "model_dir": model_dir,
+        "port": 0,
+        "grpc_port": 0,
+        "voices_db": tmp / "voices.sqlite3",
+        "shutdown_grace": 5,
+        **settings,
+    }
+    args: list[str] = []
+    for name, value in values.items():
+        args += [f"--{name.replace('_', '-')}", str(value)]
+    return args
+
+
+@contextmanager
+def running_server(model_dir: Path, tmp: Path, **settings: object) -> Iterator[ServerProcess]:
+    """Start ``cosyserve serve`` and wait until ``/ready`` is 200; always stop it."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    log_path = tmp / "server.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            serve_command(*server_args(model_dir, tmp, **settings)),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=isolated_env(tmp),
+        )
+    try:
+        server = ServerProcess(_wait_listening(process, log_path), process, log_path)
+        _wait_ready(server)
+        yield server
+    finally:
+        stop_server(process)
+
+
+def stop_server(process: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, then SIGKILL if it does not exit in time; returns the exit status."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
+
+
+def _wait_listening(process: subprocess.Popen[bytes], log_path: Path) -> str:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        match = _LISTENING.search(log_path.read_text(errors="replace"))
+        if match:
+            return match.group(1)
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{log_path.read_text()}")
+        time.sleep(0.05)
+    raise RuntimeError(f"server did not listen within {START_TIMEOUT_S} s:\n{log_path.read_text()}")
+
+
+def _wait_ready(server: ServerProcess) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log()}")
+        if server.ready().status_code == 200:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"server not ready within {START_TIMEOUT_S} s:\n{server.log()}")
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One shared server: max_active 2, max_queued 2 (capacity 4)."""
+    with running_server(
+        tiny_model_dir, tmp_path_factory.mktemp("server"), max_active=2, max_queued=2
+    ) as process:
+        yield process

@@ -1,0 +1,82 @@
+"""Settings precedence (flags > environment > TOML file > defaults) and one-line errors."""
+
+from pathlib import Path
+
+import pytest
+
+from cosyserve.settings import Settings, SettingsError
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("COSYSERVE_CONFIG", "COSYSERVE_PORT", "COSYSERVE_MAX_ACTIVE", "COSYSERVE_MODEL_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def test_defaults(tmp_path: Path) -> None:
+    settings = Settings.load()
+    assert (settings.host, settings.port, settings.grpc_port, settings.workers) == (
+        "127.0.0.1",
+        8000,
+        50051,
+        1,
+    )
+    assert settings.max_text_chars == 2000 and settings.max_tts_text_chars == 200
+    assert settings.model_dir == tmp_path / "cache" / "cosyserve" / "models" / "CosyVoice2-0.5B"
+    assert settings.voices_db.parent == tmp_path / "cache" / "cosyserve"
+
+
+def test_model_dir_env_is_the_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("COSYSERVE_MODEL_DIR", str(tmp_path / "m"))
+    assert Settings.load().model_dir == tmp_path / "m"
+
+
+def test_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    config = tmp_path / "cosyserve.toml"
+    config.write_text('port = 9001\nmax_active = 3\nhost = "0.0.0.0"\n')
+    from_file = Settings.load(config)
+    assert (from_file.port, from_file.max_active, from_file.host) == (9001, 3, "0.0.0.0")
+    monkeypatch.setenv("COSYSERVE_PORT", "9002")
+    from_env = Settings.load(config)
+    assert (from_env.port, from_env.max_active) == (9002, 3)
+    from_flag = Settings.load(config, port=9003, max_active=None)
+    assert (from_flag.port, from_flag.max_active) == (9003, 3)
+    monkeypatch.setenv("COSYSERVE_CONFIG", str(config))
+    assert Settings.load().max_active == 3
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"port": 70000}, "invalid setting port: Input should be less than or equal to 65535"),
+        ({"workers": 0}, "invalid setting workers"),
+        ({"max_queued": -1}, "invalid setting max_queued"),
+        ({"log_level": "loud"}, "invalid setting log_level"),
+    ],
+)
+def test_invalid_values(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(SettingsError, match=message) as info:
+        Settings.load(**overrides)
+    assert "\n" not in str(info.value)
+
+
+def test_bad_config_files(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="does not exist"):
+        Settings.load(tmp_path / "missing.toml")
+    typo = tmp_path / "typo.toml"
+    typo.write_text("prot = 1\n")
+    with pytest.raises(SettingsError, match="unknown setting 'prot'"):
+        Settings.load(typo)
+    broken = tmp_path / "broken.toml"
+    broken.write_text("port = \n")
+    with pytest.raises(SettingsError, match="cannot read config file"):
+        Settings.load(broken)
+
+
+def test_env_round_trip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Worker processes rebuild the parent's settings from to_env()."""
+    settings = Settings.load(port=9005, deadline_s=12.5, model_dir=tmp_path / "m", log_level="debug")
+    for name, value in settings.to_env().items():
+        monkeypatch.setenv(name, value)
+    assert Settings.load().model_dump() == settings.model_dump()
