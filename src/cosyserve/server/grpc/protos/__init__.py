@@ -1,0 +1,1 @@
+"""The protos and their generated stubs (regenerate with ``scripts/gen_protos``)."""
