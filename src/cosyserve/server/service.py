@@ -11,7 +11,7 @@ import asyncio
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -135,7 +135,7 @@ class SpeechService:
     def release(self) -> None:
         self._in_flight -= 1
 
-    async def synthesize(self, params: SpeechParams) -> AsyncIterator[AudioChunk]:
+    async def synthesize(self, params: SpeechParams) -> AsyncGenerator[AudioChunk, None]:
         """Admit, prepare and stream one request's audio (float32 mono at
         :attr:`sample_rate`). Stopping the iteration early aborts the request."""
         self.admit()
