@@ -65,7 +65,7 @@ class Frontend:
     def speaker(self, name: str) -> VoicePrompt:
         embedding = self.model.speakers.get(name)
         if embedding is None:
-            raise UnknownSpeakerError(f"unknown speaker {name!r}")
+            raise UnknownSpeakerError(f"unknown voice {name!r}")
         return VoicePrompt.from_embedding(embedding, name)
 
     def source_tokens(self, audio: AudioSource) -> tuple[int, ...]:
@@ -95,6 +95,7 @@ class Frontend:
         voice = request.voice
         assert voice is not None  # validate() guarantees it
         mode = request.mode
+        self._check_speech_tokens(voice, request)
         if mode is Mode.VC:
             assert request.source_speech_tokens is not None
             segments: tuple[Segment, ...] = (Segment(speech_tokens=request.source_speech_tokens),)
@@ -132,3 +133,16 @@ class Frontend:
             min_tokens=opts.min_tokens,
             max_tokens=opts.max_tokens,
         )
+
+    def _check_speech_tokens(self, voice: VoicePrompt, request: SynthesisRequest) -> None:
+        """Given speech tokens must be ids the flow knows (a stored voice or a caller's
+        token list may come from anywhere)."""
+        vocab = self.model.hparams.lm.speech_token_size
+        given = {
+            "speech_tokens": request.speech_tokens or (),
+            "source speech tokens": request.source_speech_tokens or (),
+            "the voice's prompt tokens": voice.speech_tokens.tolist(),
+        }
+        for what, tokens in given.items():
+            if tokens and not 0 <= min(tokens) <= max(tokens) < vocab:
+                raise InvalidRequestError(f"{what} must be ids in [0, {vocab})")

@@ -8,6 +8,9 @@ from cosyserve.pipeline.voice import VoicePrompt
 
 MIN_SPEED = 0.5
 MAX_SPEED = 2.0
+# The vocoder holds back the last 8 mel frames (4 tokens) of every non-final streaming
+# chunk for the cross-fade with the next one, so a shorter first chunk emits nothing.
+MIN_FIRST_HOP = 5
 
 
 class Mode(StrEnum):
@@ -29,7 +32,8 @@ class SynthesisOptions:
     ``min_tokens``/``max_tokens``: force the number of speech tokens (like vLLM's
     ignore_eos): stop tokens are masked until ``min_tokens``; useful for benchmarks on
     random weights, which never stop on their own.
-    ``first_hop``: streaming only; tokens in the first chunk (lower first-packet latency).
+    ``first_hop``: streaming only; tokens in the first chunk (lower first-packet latency),
+    at least :data:`MIN_FIRST_HOP`; a value above the default first hop has no effect.
     ``speed``: non-streaming only, as upstream (mel-length scaling).
     """
 
@@ -42,7 +46,8 @@ class SynthesisOptions:
 
 @dataclass(frozen=True, eq=False)
 class SynthesisRequest:
-    """One synthesis job. ``speech_tokens`` skips the LM (forced tokens for the flow)."""
+    """One synthesis job. ``speech_tokens`` skips the LM (forced tokens for the flow);
+    mode ``vc`` takes ``source_speech_tokens`` (see ``Synthesizer.source_tokens``)."""
 
     text: str
     mode: Mode
@@ -71,13 +76,19 @@ class SynthesisRequest:
             raise InvalidRequestError("mode instruct2 needs an instruction")
         if self.mode is Mode.VC and not self.source_speech_tokens:
             raise InvalidRequestError("mode vc needs source audio")
+        if self.speech_tokens is not None and not self.speech_tokens:
+            raise InvalidRequestError("speech_tokens is empty")
+        if opts.seed is not None and not 0 <= opts.seed < 2**64:
+            raise InvalidRequestError("seed must be an integer in [0, 2**64)")
         if not MIN_SPEED <= opts.speed <= MAX_SPEED:
             raise InvalidRequestError(f"speed must be between {MIN_SPEED} and {MAX_SPEED}")
         if opts.speed != 1.0 and self.stream:
             raise InvalidRequestError("speed is only supported for non-streaming synthesis")
-        for name in ("min_tokens", "max_tokens", "first_hop"):
+        for name in ("min_tokens", "max_tokens"):
             value = getattr(opts, name)
             if value is not None and value < 1:
                 raise InvalidRequestError(f"{name} must be a positive integer")
+        if opts.first_hop is not None and opts.first_hop < MIN_FIRST_HOP:
+            raise InvalidRequestError(f"first_hop must be at least {MIN_FIRST_HOP} tokens")
         if opts.min_tokens is not None and opts.max_tokens is not None and opts.min_tokens > opts.max_tokens:
             raise InvalidRequestError("min_tokens must not exceed max_tokens")

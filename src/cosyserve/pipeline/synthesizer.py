@@ -6,12 +6,16 @@
     for chunk in synth.stream(SynthesisRequest("你好。", Mode.ZERO_SHOT, voice=voice, stream=True)):
         ...
 
+    synth.register_voice("alice", "prompt.wav", prompt_text="希望你以后能够做的比我还好呦。")
+    audio = synth.synthesize(SynthesisRequest("你好。", Mode.ZERO_SHOT, voice=synth.voice("alice")))
+
 A synthesizer owns a private engine driven on the caller's thread; a server shares one
 engine between requests through :class:`~cosyserve.engine.async_engine.AsyncEngine`.
 """
 
+import dataclasses
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 
 import numpy as np
@@ -23,16 +27,21 @@ from cosyserve.frontend.audio import AudioSource
 from cosyserve.loader import LoadedModel, load_model
 from cosyserve.pipeline.frontend import Frontend
 from cosyserve.pipeline.request import SynthesisRequest
-from cosyserve.pipeline.voice import VoicePrompt
+from cosyserve.pipeline.voice import VoicePrompt, check_voice_name
 
 
 class Synthesizer:
-    """Synthesis on one loaded model, one request at a time on the calling thread."""
+    """Synthesis on one loaded model, one request at a time on the calling thread.
+
+    Registered voices live on the instance (never shared between synthesizers); persist
+    one with :meth:`VoicePrompt.to_bytes` and bring it back with :meth:`add_voice`.
+    """
 
     def __init__(self, model: LoadedModel, engine_config: EngineConfig | None = None) -> None:
         self.model = model
         self.frontend = Frontend(model)
         self.engine = Engine(model.lm, model.flow, model.hift, engine_config or EngineConfig(max_active=1))
+        self._voices: dict[str, VoicePrompt] = {}
 
     @classmethod
     def from_model_dir(cls, path: Path | str, engine_config: EngineConfig | None = None) -> "Synthesizer":
@@ -50,8 +59,37 @@ class Synthesizer:
         """A built-in ``spk2info.pt`` speaker (embedding only, for mode ``sft``)."""
         return self.frontend.speaker(name)
 
-    def stream(self, request: SynthesisRequest) -> Iterator[np.ndarray]:
-        """Yield float32 mono chunks at :attr:`sample_rate` as they are made."""
+    def source_tokens(self, audio: AudioSource) -> tuple[int, ...]:
+        """Speech tokens of a recording, for ``SynthesisRequest.source_speech_tokens`` (vc)."""
+        return self.frontend.source_tokens(audio)
+
+    def register_voice(self, name: str, audio: AudioSource, prompt_text: str = "") -> VoicePrompt:
+        """Compute a recording's prompt features once and keep them under ``name``
+        (replacing a voice registered under that name before)."""
+        check_voice_name(name)
+        return self.add_voice(self.frontend.voice_from_audio(audio, prompt_text, name), name)
+
+    def add_voice(self, voice: VoicePrompt, name: str | None = None) -> VoicePrompt:
+        """Register precomputed features (e.g. :meth:`VoicePrompt.from_bytes`) under
+        ``name``, by default the voice's own name."""
+        name = voice.name if name is None else name
+        check_voice_name(name)
+        if voice.name != name:
+            voice = dataclasses.replace(voice, name=name)
+        self._voices[name] = voice
+        return voice
+
+    def voice(self, name: str) -> VoicePrompt:
+        """A registered voice, else a built-in ``spk2info.pt`` speaker.
+
+        Raises :class:`~cosyserve.pipeline.frontend.UnknownSpeakerError` when ``name`` is neither.
+        """
+        voice = self._voices.get(name)
+        return voice if voice is not None else self.frontend.speaker(name)
+
+    def stream(self, request: SynthesisRequest) -> Generator[np.ndarray, None, None]:
+        """Yield float32 mono chunks at :attr:`sample_rate` as they are made (never an empty
+        one). Closing the generator early aborts the request."""
         spec = self.frontend.build_spec(request, request_id=uuid.uuid4().hex)
         self.engine.add(spec)
         finished = False
