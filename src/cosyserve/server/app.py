@@ -13,7 +13,14 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 
-from cosyserve.server import routes_health, routes_openai, routes_tts
+from cosyserve.server import (
+    routes_health,
+    routes_openai,
+    routes_tts,
+    routes_upstream,
+    routes_voices,
+    routes_ws,
+)
 from cosyserve.server.body_limit import BodySizeLimit
 from cosyserve.server.http_errors import install_error_handlers
 from cosyserve.server.runtime import ServerRuntime
@@ -54,6 +61,9 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     app.include_router(routes_health.router)
     app.include_router(routes_openai.router)
     app.include_router(routes_tts.router)
+    app.include_router(routes_upstream.router)
+    app.include_router(routes_voices.router)
+    app.include_router(routes_ws.router)
     return app
 
 
