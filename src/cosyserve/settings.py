@@ -22,11 +22,10 @@ from pydantic_settings import (
 )
 
 from cosyserve.errors import CosyserveError
+from cosyserve.paths import cache_dir, default_model_dir
 
 ENV_PREFIX = "COSYSERVE_"
 CONFIG_ENV = "COSYSERVE_CONFIG"
-_MODEL_DIR_ENV = "COSYSERVE_MODEL_DIR"
-_MODEL_NAME = "CosyVoice2-0.5B"
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 
@@ -37,20 +36,8 @@ class SettingsError(CosyserveError):
     code = "invalid_settings"
 
 
-def _cache_dir() -> Path:
-    # The same rule as cosyserve.paths (XDG cache dir, else ~/.cache).
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return base / "cosyserve"
-
-
-def _default_model_dir() -> Path:
-    configured = os.environ.get(_MODEL_DIR_ENV, "")
-    return Path(configured).expanduser() if configured else _cache_dir() / "models" / _MODEL_NAME
-
-
 def _default_voices_db() -> Path:
-    return _cache_dir() / "voices.sqlite3"
+    return cache_dir() / "voices.sqlite3"
 
 
 class Settings(BaseSettings):
@@ -61,7 +48,7 @@ class Settings(BaseSettings):
     )
 
     model_dir: Path = Field(
-        default_factory=_default_model_dir,
+        default_factory=default_model_dir,
         description="CosyVoice2-0.5B model directory (default: $COSYSERVE_MODEL_DIR, else "
         "~/.cache/cosyserve/models/CosyVoice2-0.5B).",
     )

@@ -8,11 +8,13 @@ from cosyserve.pipeline.request import SynthesisOptions
 from cosyserve.server.deps import runtime_of, service_of
 from cosyserve.server.service import SpeechParams, SpeechService
 from cosyserve.server.streaming import (
+    CLIENT_CLOSED,
     SSE_MEDIA_TYPE,
     AudioStreamResponse,
     audio_response,
     sse_audio,
     start_stream,
+    until_disconnected,
 )
 from cosyserve.server.wire import ModelCard, ModelList, SpeechRequest
 
@@ -38,7 +40,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
     stream = body.stream or sse
     params = SpeechParams(
         text=body.input,
-        voice=body.voice,
+        voice=body.voice_name,
         instruct=body.instructions or "",
         stream=stream,
         options=SynthesisOptions(
@@ -54,10 +56,13 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
     if not sse:
         return await audio_response(request, service, params, encoder)
     try:
-        started = await start_stream(service.synthesize(params))
+        started = await until_disconnected(request, start_stream(service.synthesize(params)))
     except BaseException:
         encoder.close()
         raise
+    if started is None:
+        encoder.close()
+        return Response(status_code=CLIENT_CLOSED)
     usage = _usage_counter(service, body.input)
     return AudioStreamResponse(
         sse_audio(started, encoder, usage),

@@ -156,18 +156,22 @@ async def audio_response(
             if audio is None:
                 return Response(status_code=CLIENT_CLOSED)
             return Response(audio, media_type=encoder.content_type)
-        started = await start_stream(service.synthesize(params))
+        started = await until_disconnected(request, start_stream(service.synthesize(params)))
     except BaseException:
         encoder.close()
         raise
+    if started is None:
+        encoder.close()
+        return Response(status_code=CLIENT_CLOSED)
     return AudioStreamResponse(encoded_audio(started, encoder), media_type=encoder.content_type)
 
 
 async def until_disconnected(request: Request, work: Coroutine[Any, Any, _T]) -> _T | None:
     """Run ``work`` unless the client disconnects first; then cancel it and return None.
 
-    For whole-file responses, which send nothing until synthesis ends: without this, a
-    client that gave up would keep its engine slot busy until the audio is done.
+    For whatever runs before the response starts (a whole file's synthesis, a stream's
+    wait in the queue): the server notices a disconnect only when it next sends, so
+    without this a client that gave up would keep its place until its audio is made.
     """
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnect(request))

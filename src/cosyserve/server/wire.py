@@ -19,13 +19,22 @@ _OPENAI_MAX_SPEED = 4.0
 MAX_FORCED_TOKENS = 15_000
 
 
+class VoiceRef(BaseModel):
+    """OpenAI's custom-voice form of ``voice``: ``{"id": "name"}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, max_length=64)
+
+
 class SpeechRequest(BaseModel):
     """``POST /v1/audio/speech``: OpenAI's fields, then cosyserve's extensions.
 
-    OpenAI: ``model`` (any name is accepted: one model is served), ``input``, ``voice`` (a
-    registered voice or a built-in speaker), ``response_format``, ``speed`` (non-streaming
-    only), ``instructions`` (CosyVoice 2's instruct2 mode, e.g. "用四川话说这句话"),
-    ``stream_format`` (``sse``: server-sent events with base64 audio).
+    OpenAI: ``model`` (any name is accepted: one model is served), ``input``, ``voice``
+    (a registered voice or a built-in speaker, by name or as ``{"id": name}``),
+    ``response_format``, ``speed`` (non-streaming only), ``instructions`` (CosyVoice 2's
+    instruct2 mode, e.g. "用四川话说这句话"), ``stream_format`` (``sse``: server-sent
+    events with base64 audio).
     Extensions: ``sample_rate`` (8000-48000, resampled), ``stream`` (send audio bytes
     as they are made instead of the whole file), ``seed`` (same seed, same audio),
     ``min_tokens``/``max_tokens`` (force the speech-token count per sentence, for
@@ -36,7 +45,7 @@ class SpeechRequest(BaseModel):
 
     model: str = Field(min_length=1, max_length=256)
     input: str = Field(min_length=1)
-    voice: str = Field(min_length=1, max_length=64)
+    voice: str | VoiceRef = Field(union_mode="left_to_right")  # names are checked by the service
     response_format: AudioFormat = "mp3"
     speed: float = Field(1.0, ge=_OPENAI_MIN_SPEED, le=_OPENAI_MAX_SPEED)
     instructions: str | None = Field(None, max_length=4096)
@@ -47,6 +56,10 @@ class SpeechRequest(BaseModel):
     min_tokens: int | None = Field(None, ge=1, le=MAX_FORCED_TOKENS)
     max_tokens: int | None = Field(None, ge=1, le=MAX_FORCED_TOKENS)
     first_hop: int | None = Field(None, ge=1, le=MAX_FORCED_TOKENS)
+
+    @property
+    def voice_name(self) -> str:
+        return self.voice if isinstance(self.voice, str) else self.voice.id
 
 
 class ModelCard(BaseModel):

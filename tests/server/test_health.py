@@ -1,0 +1,33 @@
+"""/health, /ready and routing errors."""
+
+import httpx
+
+from tests.server.conftest import ServerProcess
+
+
+def test_health(server: ServerProcess) -> None:
+    response = httpx.get(f"{server.url}/health")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+def test_ready(server: ServerProcess) -> None:
+    response = server.ready()
+    assert response.status_code == 200
+    assert response.json() == {
+        "status": "ready",
+        "model": "tiny",
+        "engine_alive": True,
+        "in_flight": 0,
+        "engine_requests": 0,
+        "capacity": 4,
+    }
+
+
+def test_unknown_route_and_method(server: ServerProcess) -> None:
+    missing = httpx.get(f"{server.url}/nope")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "not_found"
+    wrong = httpx.get(f"{server.url}/v1/audio/speech")
+    assert wrong.status_code == 405
+    assert wrong.json()["error"]["code"] == "method_not_allowed"
