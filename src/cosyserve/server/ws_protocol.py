@@ -25,7 +25,22 @@ Audio travels base64-encoded in ``chunk`` events rather than in binary frames, s
 each piece of audio names its sentence and the whole stream is one ordered sequence of
 JSON events that any WebSocket client (browsers, agent frameworks) can read. The chunks
 of a session concatenate to one audio stream in the configured format (one WAV header,
-one Ogg stream...), across sentences.
+one Ogg stream...), across sentences; the encoder's last bytes, after ``end``, come in a
+chunk with ``"segment": null``.
+
+Config: ``voice`` (a registered voice or built-in speaker) is required; ``format``
+(pcm, wav, mp3, opus, aac, flac; default pcm) and ``sample_rate`` (default 24000) as in
+``/v1/audio/speech``; ``seed`` makes every sentence reproducible; ``instructions``
+(instruct2 mode) needs a voice made from prompt audio. A bad config is answered with an
+``error`` event and the connection is closed (code 1008); so is a first message that is
+not a config, or none within 30 s.
+
+Errors after that are ``error`` events and the session goes on: a malformed message
+(``invalid_message``), a sentence that fails (with its ``segment``; its ``segment_done``
+follows), too much text waiting to be spoken (``too_much_text``), server overload
+(``overloaded``). ``cancel`` answers ``cancelled``; afterwards no audio of earlier
+sentences is sent. After ``end`` only ``cancel`` is accepted. A disconnect aborts all
+synthesis of the session.
 """
 
 from typing import Annotated, Literal
