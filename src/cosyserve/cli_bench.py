@@ -1,7 +1,100 @@
-"""The ``cosyserve bench``  command(s)."""
+"""The ``cosyserve bench`` commands: ``bench engine`` (see :mod:`cosyserve.bench.engine_bench`)."""
+
+from pathlib import Path
+from typing import Annotated
 
 import typer
+
+from cosyserve.paths import default_model_dir, require_model_dir
+
+bench_app = typer.Typer(help="Measure the engine's latency and throughput.", no_args_is_help=True)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
+    app.add_typer(bench_app, name="bench")
+
+
+def _levels(value: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not a comma-separated list of integers") from None
+    if not levels or min(levels) < 1:
+        raise typer.BadParameter("give one or more concurrency levels of at least 1, e.g. 1,2,4,8,16")
+    return levels
+
+
+@bench_app.command("engine")
+def bench_engine(
+    model_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Model directory (default: $COSYSERVE_MODEL_DIR, else the cache).", show_default=False
+        ),
+    ] = None,
+    tokens: Annotated[
+        int, typer.Option(min=1, help="Speech tokens forced per request (25 per second).")
+    ] = 150,
+    concurrency: Annotated[
+        str, typer.Option(help="Comma-separated concurrency levels, each run in turn.")
+    ] = "1,2,4,8,16",
+    stream: Annotated[bool, typer.Option("--stream", help="Streaming requests.")] = False,
+    prompt_seconds: Annotated[
+        float, typer.Option(min=0.1, help="Length of the synthetic voice prompt.")
+    ] = 3.0,
+    rounds: Annotated[int, typer.Option(min=1, help="Requests per level: rounds x concurrency.")] = 2,
+    first_hop: Annotated[
+        int | None, typer.Option(min=5, help="Tokens in a stream's first chunk (default: upstream's).")
+    ] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the prompt, texts and sampling.")] = 0,
+    warm_up: Annotated[bool, typer.Option(help="Run one short request before measuring.")] = True,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the full report as JSON here.")
+    ] = None,
+    markdown_out: Annotated[
+        Path | None, typer.Option("--markdown", help="Write the Markdown table here.")
+    ] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar on stderr.")] = True,
+) -> None:
+    """Latency percentiles, RTF, audio seconds per second, LM tokens/s and peak RSS per
+    concurrency level, on a fixed synthetic workload with forced token counts."""
+    levels = _levels(concurrency)
+    # Imported here so that other commands (and --help) do not pay for torch.
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from cosyserve.bench.engine_bench import BenchOptions, run_engine_bench
+    from cosyserve.bench.report import report_json, report_markdown
+    from cosyserve.loader import load_model
+
+    options = BenchOptions(
+        tokens=tokens,
+        concurrency=levels,
+        stream=stream,
+        prompt_seconds=prompt_seconds,
+        rounds=rounds,
+        seed=seed,
+        first_hop=first_hop,
+        warm_up=warm_up,
+    )
+    if threads is not None:
+        torch.set_num_threads(threads)
+    model = load_model(require_model_dir(model_dir or default_model_dir()))
+    columns = (
+        TextColumn("concurrency {task.fields[level]:>3}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), disable=not progress) as bar:
+        tasks = {c: bar.add_task("", total=rounds * c, level=c) for c in levels}
+        report = run_engine_bench(model, options, lambda level: bar.advance(tasks[level]))
+    table = report_markdown(report)
+    if json_out is not None:
+        json_out.write_text(report_json(report))
+    if markdown_out is not None:
+        markdown_out.write_text(table)
+    typer.echo(table, nl=False)

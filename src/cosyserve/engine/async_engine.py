@@ -17,9 +17,12 @@ import numpy as np
 
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.request import GenerationSpec, StepOutput
-from cosyserve.errors import CosyserveError
+from cosyserve.engine.scheduler import OverloadedError
+from cosyserve.errors import CosyserveError, InvalidRequestError
 
 logger = logging.getLogger(__name__)
+
+_NO_AUDIO = np.zeros(0, dtype=np.float32)
 
 
 class EngineDeadError(CosyserveError):
@@ -30,10 +33,15 @@ class EngineDeadError(CosyserveError):
 
 @dataclass(frozen=True)
 class AudioChunk:
-    """Samples (float32 mono at the model's rate) and whether they are the request's first."""
+    """Samples (float32 mono at the model's rate) and whether they are the request's first.
+
+    ``speech_tokens`` is set on the request's last chunk only (which may hold no samples):
+    every speech token the audio was made from.
+    """
 
     audio: np.ndarray
     first: bool
+    speech_tokens: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -85,9 +93,13 @@ class AsyncEngine:
         if not self.alive:
             raise EngineDeadError("the synthesis engine is not running")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        config = self.engine.config
         with self._cond:
             if spec.request_id in self._streams:
-                raise CosyserveError(f"request id {spec.request_id!r} is already in use")
+                raise InvalidRequestError(f"request id {spec.request_id!r} is already in use")
+            # Refused here, at once, rather than after the engine thread's current step.
+            if len(self._streams) >= config.max_active + config.max_waiting:
+                raise OverloadedError("the server is at capacity; retry later")
             self._streams[spec.request_id] = stream
             self._pending_add.append(spec)
             self._cond.notify_all()
@@ -98,8 +110,9 @@ class AsyncEngine:
                 if out.error is not None:
                     finished = True
                     raise out.error
-                if out.audio is not None and out.audio.size:
-                    yield AudioChunk(out.audio, out.first_chunk)
+                audio = out.audio if out.audio is not None else _NO_AUDIO
+                if audio.size or out.finished:
+                    yield AudioChunk(audio, out.first_chunk, out.speech_tokens)
                 finished = out.finished
         finally:
             if not finished:
@@ -136,6 +149,10 @@ class AsyncEngine:
             self.error = exc
         finally:
             self._fail_all(EngineDeadError("the synthesis engine stopped"))
+            with self._cond:
+                self._pending_add.clear()
+                self._pending_abort.clear()
+            self.engine.abort_all()  # requests whose consumers left before the end
 
     def _add(self, spec: GenerationSpec) -> None:
         try:
@@ -148,8 +165,14 @@ class AsyncEngine:
             stream = self._streams.get(out.request_id)
             if stream is not None and out.finished:
                 del self._streams[out.request_id]
-        if stream is not None:
+        if stream is None:
+            return
+        try:
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
+        except RuntimeError:  # the consumer's event loop is closed: nobody is listening
+            with self._cond:
+                self._streams.pop(out.request_id, None)
+            self.engine.abort(out.request_id)
 
     def _fail_all(self, error: CosyserveError) -> None:
         with self._cond:

@@ -15,6 +15,8 @@ class EngineConfig:
     ``prefill_chunk``: LM prefill positions per step, so a long prompt cannot stall
     everyone's decode for long.
     ``token2wav_per_step``: token2wav chunks (flow + HiFT) run per step; first chunks go first.
+    ``prefix_cache_positions``: LM positions whose keys and values are kept for reuse by
+    later requests with the same input start (a voice's prompt text); 0 disables it.
     """
 
     max_active: int = 16
@@ -22,6 +24,7 @@ class EngineConfig:
     max_len: int = 2048
     prefill_chunk: int = 256
     token2wav_per_step: int = 1
+    prefix_cache_positions: int = 2048
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
 
@@ -31,3 +34,5 @@ class EngineConfig:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_waiting < 0:
             raise ValueError("max_waiting must not be negative")
+        if self.prefix_cache_positions < 0:
+            raise ValueError("prefix_cache_positions must not be negative")

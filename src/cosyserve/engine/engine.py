@@ -28,6 +28,7 @@ from cosyserve.models.flow.flow import Flow
 from cosyserve.models.hift.generator import HiFTGenerator
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM
+from cosyserve.models.prefix_cache import PrefixCache
 from cosyserve.models.sampling import LengthLimits
 from cosyserve.pipeline.chunking import Chunk, ChunkSchedule
 
@@ -49,8 +50,13 @@ class Engine:
         cache = KVCache.for_config(
             lm.cfg.qwen, config.max_active, config.max_len, dtype=config.dtype, device=config.device
         )
+        prefix_cache = None
+        if config.prefix_cache_positions > 0:
+            prefix_cache = PrefixCache.for_config(
+                lm.cfg.qwen, config.prefix_cache_positions, dtype=config.dtype, device=config.device
+            )
         self.stats = EngineStats()
-        self.lm_runner = LMRunner(lm, cache, self.stats)
+        self.lm_runner = LMRunner(lm, cache, self.stats, prefix_cache)
         self.token2wav = Token2Wav(flow, hift, self.stats)
         self.scheduler = Scheduler(config)
         self._requests: dict[str, Request] = {}
@@ -83,6 +89,17 @@ class Engine:
         self._release(request)
         return True
 
+    def abort_all(self) -> int:
+        """Drop every request (at shutdown); returns how many there were."""
+        requests = list(self._requests)
+        for request_id in requests:
+            self.abort(request_id)
+        return len(requests)
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        return self.lm_runner.prefix_cache
+
     def has_work(self) -> bool:
         return bool(self._requests)
 
@@ -112,6 +129,7 @@ class Engine:
             self.lm_runner.cache.free(request.slot)
             request.slot = None
         request.prefill_input = None
+        request.prefill_ids = None
         request.phase = Phase.FINISHED
 
     # -- the step ---------------------------------------------------------------------------
@@ -125,17 +143,7 @@ class Engine:
             self._guard(request, outputs, partial(self.lm_runner.prefill, request, n))
         batch = self.scheduler.decode_batch()
         if batch:
-            try:
-                self.lm_runner.decode(batch)
-            except NumericalError as exc:
-                for request in batch:
-                    if request.id in exc.request_ids:
-                        self._fail(request, exc, outputs)
-            except Exception:
-                # A batch-wide failure cannot be pinned on one request: retry one by one so
-                # only the request that fails fails.
-                for request in batch:
-                    self._guard(request, outputs, partial(self.lm_runner.decode, [request]))
+            self._decode(batch, outputs)
         for request in list(self.scheduler.running):
             if request.id in self._requests:
                 self._guard(request, outputs, partial(self._advance_lm, request))
@@ -144,6 +152,28 @@ class Engine:
                 continue
             self._guard(request, outputs, partial(self._vocode, request, seg, chunk, outputs))
         return outputs
+
+    def _decode(self, batch: list[Request], outputs: list[StepOutput]) -> None:
+        cache = self.lm_runner.cache
+        lengths = [cache.length(r.slot) for r in batch if r.slot is not None]
+        try:
+            failed = self.lm_runner.decode(batch)
+        except Exception:
+            logger.exception("batched decode of %d requests failed; retrying one by one", len(batch))
+            # A batch-wide failure cannot be pinned on one request: undo the step and retry
+            # one by one, so that only the request that fails fails.
+            for request, length in zip(batch, lengths, strict=True):
+                assert request.slot is not None
+                cache.truncate(request.slot, length)
+            for request in batch:
+                self._guard(request, outputs, partial(self._decode_alone, request))
+            return
+        for request in failed:
+            self._fail(request, NumericalError("non-finite LM output", [request.id]), outputs)
+
+    def _decode_alone(self, request: Request) -> None:
+        if self.lm_runner.decode([request]):
+            raise NumericalError("non-finite LM output", [request.id])
 
     def _guard(self, request: Request, outputs: list[StepOutput], work: Callable[[], object]) -> None:
         """Run one request's piece of work; its failure fails that request only."""
@@ -201,7 +231,10 @@ class Engine:
         first = not request.emitted_audio
         request.emitted_audio = True
         done = request.vocode_segment >= len(request.segments)
-        outputs.append(StepOutput(request.id, audio=audio, finished=done, first_chunk=first))
+        tokens = tuple(t for s in request.segments for t in s.tokens) if done else None
+        outputs.append(
+            StepOutput(request.id, audio=audio, finished=done, first_chunk=first, speech_tokens=tokens)
+        )
         if done:
             self._requests.pop(request.id, None)
             self._release(request)

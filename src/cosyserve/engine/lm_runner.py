@@ -7,6 +7,7 @@ from cosyserve.engine.stats import EngineStats
 from cosyserve.errors import CosyserveError
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM
+from cosyserve.models.prefix_cache import PrefixCache, lm_input_ids
 from cosyserve.models.sampling import LengthLimits, sample_tokens
 
 
@@ -21,29 +22,46 @@ class NumericalError(CosyserveError):
 
 
 class LMRunner:
-    """Owns the KV cache; runs prefill chunks and batched decode steps."""
+    """Owns the KV cache (and the prefix cache, if any); runs prefill chunks and batched
+    decode steps."""
 
-    def __init__(self, lm: CosyVoice2LM, cache: KVCache, stats: EngineStats) -> None:
+    def __init__(
+        self,
+        lm: CosyVoice2LM,
+        cache: KVCache,
+        stats: EngineStats,
+        prefix_cache: PrefixCache | None = None,
+    ) -> None:
         self.lm = lm
         self.cache = cache
         self.stats = stats
+        self.prefix_cache = prefix_cache
         self._device = lm.llm_decoder.weight.device
 
     @torch.inference_mode()
     def start_segment(self, request: Request) -> None:
-        """Prepare the LM input of the request's current segment in its (emptied) slot."""
+        """Prepare the LM input of the request's current segment in its (empty) slot, loading
+        whatever start of it the prefix cache holds."""
         spec = request.spec
         seg = request.lm_state
-        text = torch.tensor(spec.lm_prefix_ids + seg.spec.text_ids, dtype=torch.long, device=self._device)
+        assert request.slot is not None
+        text_ids = spec.lm_prefix_ids + seg.spec.text_ids
+        text = torch.tensor(text_ids, dtype=torch.long, device=self._device)
         speech = torch.tensor(spec.lm_prompt_speech, dtype=torch.long, device=self._device)
         request.prefill_input = self.lm.prompt_embeddings(text, speech)  # (T, H)
         request.prefill_pos = 0
+        if self.prefix_cache is not None:
+            ids = lm_input_ids(text_ids, spec.lm_prompt_speech)
+            # The last position is always computed: its output gives the first token.
+            request.prefill_pos = self.prefix_cache.restore(ids, self.cache, request.slot, len(ids) - 1)
+            request.prefill_ids = ids
         request.phase = Phase.PREFILL
 
     @torch.inference_mode()
     def prefill(self, request: Request, budget: int) -> int:
-        """Feed up to ``budget`` positions of the pending LM input; when it is all in, sample
-        the segment's first token. Returns the positions fed."""
+        """Feed up to ``budget`` positions of the pending LM input; when it is all in, keep
+        it in the prefix cache and sample the segment's first token. Returns the positions
+        fed. Raises :class:`NumericalError` if the model's output is not finite."""
         assert request.prefill_input is not None and request.slot is not None
         chunk = request.prefill_input[request.prefill_pos : request.prefill_pos + budget]
         with self.stats.timed("prefill"):
@@ -53,27 +71,40 @@ class LMRunner:
         if request.prefill_pos == request.prefill_input.shape[0]:
             request.prefill_input = None
             request.phase = Phase.DECODE
-            self._sample([request], log_probs[None])
+            if self._sample([request], log_probs[None]):
+                raise NumericalError("non-finite LM output", [request.id])
+            if self.prefix_cache is not None and request.prefill_ids is not None:
+                self.prefix_cache.store(request.prefill_ids, self.cache, request.slot)
+            request.prefill_ids = None
         return int(chunk.shape[0])
 
     @torch.inference_mode()
-    def decode(self, requests: list[Request]) -> None:
-        """One decode step for every request in ``requests`` (all in phase DECODE)."""
+    def decode(self, requests: list[Request]) -> list[Request]:
+        """One decode step for every request in ``requests`` (all in phase DECODE). Returns
+        those whose LM output was not finite; they got no token and must be failed (their
+        slot holds a position for this step, so they cannot simply go on)."""
         last = torch.tensor([r.lm_state.tokens[-1] for r in requests], dtype=torch.long, device=self._device)
         slots = [r.slot for r in requests]
         assert all(slot is not None for slot in slots)
         with self.stats.timed("decode"):
             log_probs = self.lm.decode(last, [s for s in slots if s is not None], self.cache)
-            self._sample(requests, log_probs)
+            failed = self._sample(requests, log_probs)
         self.stats.decode_steps += 1
-        self.stats.decoded_tokens += len(requests)
+        self.stats.decoded_tokens += len(requests) - len(failed)
         self.stats.last_decode_batch = len(requests)
+        return failed
 
-    def _sample(self, requests: list[Request], log_probs: torch.Tensor) -> None:
-        finite = torch.isfinite(log_probs).any(-1) & ~torch.isnan(log_probs).any(-1)
-        if not bool(finite.all()):
-            bad = [r.id for r, ok in zip(requests, finite.tolist(), strict=True) if not ok]
-            raise NumericalError(f"non-finite LM output for {len(bad)} request(s)", bad)
+    def _sample(self, requests: list[Request], log_probs: torch.Tensor) -> list[Request]:
+        """Sample the next token of each request whose row of ``log_probs`` (B, V) is
+        usable; returns the others, untouched, so one bad row never costs the batch a step."""
+        finite = (torch.isfinite(log_probs).any(-1) & ~torch.isnan(log_probs).any(-1)).tolist()
+        good = [i for i, ok in enumerate(finite) if ok]
+        failed = [r for r, ok in zip(requests, finite, strict=True) if not ok]
+        if not good:
+            return failed
+        if failed:
+            requests = [requests[i] for i in good]
+            log_probs = log_probs[good]
         segs = [r.lm_state for r in requests]
         limits = [_limits(s) for s in segs]
         tokens = sample_tokens(
@@ -91,6 +122,7 @@ class LMRunner:
             seg.tokens.append(int(token))
             if len(seg.tokens) >= limit.max_tokens:
                 seg.lm_done = True
+        return failed
 
 
 def _limits(seg: SegmentState) -> LengthLimits:

@@ -74,13 +74,18 @@ class SegmentState:
 
 @dataclass(frozen=True)
 class StepOutput:
-    """What one step produced for one request: audio samples (float32, 24 kHz), or the end."""
+    """What one step produced for one request: audio samples (float32, 24 kHz), or the end.
+
+    ``speech_tokens``: on a successful request's last output, every speech token it was
+    synthesised from (all segments in order), for tests and usage accounting.
+    """
 
     request_id: str
     audio: np.ndarray | None = None
     finished: bool = False
     error: CosyserveError | None = None
     first_chunk: bool = False
+    speech_tokens: tuple[int, ...] | None = None
 
 
 @dataclass(eq=False)
@@ -96,6 +101,7 @@ class Request:
     lm_segment: int = 0
     vocode_segment: int = 0
     prefill_input: torch.Tensor | None = None  # (T, H) LM input embeddings being prefilled
+    prefill_ids: tuple[int, ...] | None = None  # their prefix-cache key (T ids)
     prefill_pos: int = 0
     emitted_audio: bool = False
 

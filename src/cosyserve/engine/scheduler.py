@@ -8,7 +8,6 @@ from cosyserve.engine.request import Phase, Request, SegmentState
 from cosyserve.errors import CosyserveError
 from cosyserve.pipeline.chunking import Chunk
 
-
 _NEEDS_SLOT = frozenset({Phase.WAITING, Phase.PREFILL, Phase.DECODE})
 
 
@@ -30,7 +29,10 @@ class Scheduler:
         return len(self.waiting) + len(self.running)
 
     def add(self, request: Request) -> None:
-        if len(self.waiting) >= self.config.max_waiting and self.slots_in_use() >= self.config.max_active:
+        """Queue ``request``; raises :class:`OverloadedError` when the engine already holds
+        ``max_active + max_waiting`` requests. Requests past the LM (still vocoding) count
+        too, so that a token2wav backlog cannot grow without bound."""
+        if len(self) >= self.config.max_active + self.config.max_waiting:
             raise OverloadedError("the server is at capacity; retry later")
         self.waiting.append(request)
 

@@ -136,6 +136,38 @@ class KVCache:
         self._check_slot(slot)
         return self._lengths[slot]
 
+    def truncate(self, slot: int, length: int) -> None:
+        """Drop the positions of ``slot`` from ``length`` on (to undo a step whose outputs
+        were lost); later steps overwrite them."""
+        self._check_slot(slot)
+        if not 0 <= length <= self._lengths[slot]:
+            raise ValueError(f"slot {slot} holds {self._lengths[slot]} positions, cannot keep {length}")
+        self._lengths[slot] = length
+
+    def read(self, slot: int, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of the keys and values of positions ``[start, stop)`` that ``slot`` holds,
+        each (layers, stop - start, H_kv, D); copy them before the slot is freed."""
+        self._check_slot(slot)
+        if not 0 <= start <= stop <= self._lengths[slot]:
+            raise ValueError(f"positions [{start}, {stop}) are not all held by slot {slot}")
+        return self.k[:, slot, start:stop], self.v[:, slot, start:stop]
+
+    def load_prefix(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Fill the empty ``slot`` with ``k``, ``v`` (layers, P, H_kv, D), keys and values
+        computed earlier for the same first P positions; the slot then holds P positions."""
+        self._check_slot(slot)
+        if self._lengths[slot] != 0:
+            raise ValueError(f"slot {slot} is not empty")
+        n = k.shape[1]
+        if k.shape != v.shape or k.shape[0] != self.k.shape[0] or k.shape[2:] != self.k.shape[3:]:
+            raise ValueError(f"prefix keys {tuple(k.shape)} and values {tuple(v.shape)} do not fit the cache")
+        if n > self.max_len:
+            raise SequenceTooLongError(f"a prefix of {n} positions exceeds the KV cache's {self.max_len}")
+        self.k[:, slot, :n] = k
+        self.v[:, slot, :n] = v
+        self._lengths[slot] = n
+        self._written[slot] = max(self._written[slot], n)
+
     def begin(self, slots: Sequence[int], num_new: int) -> CacheStep:
         """Prepare a step in which every slot of ``slots`` appends ``num_new`` positions.
 

@@ -1,0 +1,1 @@
+"""Benchmarks of the engine: a fixed synthetic workload, the runner and its report."""

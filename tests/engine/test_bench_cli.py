@@ -1,0 +1,39 @@
+"""``cosyserve bench engine`` on the tiny model: every level measured, JSON and Markdown."""
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from cosyserve.cli import app
+
+
+def test_bench_engine_reports_every_level(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
+    args = ["bench", "engine", "--model-dir", str(tiny_model_dir), "--tokens", "12", "--concurrency", "1,3"]
+    args += ["--stream", "--first-hop", "5", "--prompt-seconds", "0.4", "--rounds", "1", "--no-progress"]
+    result = CliRunner().invoke(app, [*args, "--json", str(out_json), "--markdown", str(out_md)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out_json.read_text())
+    assert [level["concurrency"] for level in report["levels"]] == [1, 3]
+    assert [level["requests"] for level in report["levels"]] == [1, 3]
+    for level in report["levels"]:
+        first, total = level["first_chunk_s"], level["total_s"]
+        assert 0 < first["p50"] <= first["p95"] <= first["p99"]
+        assert first["p50"] < total["p50"]  # streams: the first chunk came before the end
+        # 12 tokens = 0.48 s of audio per request.
+        assert abs(level["audio_s_per_s"] * level["wall_s"] - 0.48 * level["requests"]) < 0.05
+        assert abs(level["lm_tokens_per_s"] * level["wall_s"] - 12 * level["requests"]) < 1e-6
+        assert level["peak_rss_mb"] > 0
+    table = out_md.read_text()
+    assert result.stdout == table
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + 2 and rows[1].startswith("| 1 | 1 |") and rows[2].startswith("| 3 | 3 |")
+
+
+def test_bench_engine_rejects_bad_levels(tiny_model_dir: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["bench", "engine", "--model-dir", str(tiny_model_dir), "--concurrency", "2,x"]
+    )
+    assert result.exit_code == 2
+    assert "comma-separated" in result.stderr

@@ -1,0 +1,45 @@
+"""A long prompt is prefilled in chunks and never holds up the others' decode."""
+
+from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
+from cosyserve.engine.request import Phase
+from cosyserve.loader import LoadedModel
+from tests.engine.helpers import Result, collect, drain, make_engine, run_alone
+
+
+def test_long_prefill_runs_in_chunks_while_others_decode(tiny_model: LoadedModel) -> None:
+    hp = tiny_model.hparams
+    chunk = 16
+    short = synthetic_spec(
+        "short", synthetic_voice(hp, 0.4, seed=1), synthetic_text_ids(hp, 40, seed=1), tokens=40, seed=7
+    )
+    long_voice = synthetic_voice(hp, 14.0, seed=2)  # 350 prompt speech tokens + 56 text ids
+    long = synthetic_spec("long", long_voice, synthetic_text_ids(hp, 10, seed=2), tokens=10, seed=8)
+    engine = make_engine(tiny_model, max_active=2, prefill_chunk=chunk, max_len=1024)
+    results: dict[str, Result] = {}
+    engine.add(short)
+    while not [r for r in engine.scheduler.running if r.phase is Phase.DECODE]:
+        collect(engine.step(), results)
+    engine.add(long)
+    collect(engine.step(), results)  # admits it and feeds its first chunk
+    decoding = next(r for r in engine.scheduler.running if r.id == "short")
+    prefilling = next(r for r in engine.scheduler.running if r.id == "long")
+    assert prefilling.prefill_input is not None
+    total = prefilling.prefill_input.shape[0]
+    prefill_steps = 0
+    while prefilling.phase is Phase.PREFILL:
+        tokens, fed = len(decoding.lm_state.tokens), prefilling.prefill_pos
+        prefill_tokens = engine.stats.prefill_tokens
+        collect(engine.step(), results)
+        prefill_steps += 1
+        assert len(decoding.lm_state.tokens) == tokens + 1, "the decoding request missed a step"
+        assert engine.stats.prefill_tokens - prefill_tokens <= chunk
+        assert (
+            prefilling.prefill_pos - fed == min(chunk, total - fed) or prefilling.phase is not Phase.PREFILL
+        )
+    assert prefill_steps >= total // chunk - 1 >= 20
+    assert prefilling.lm_state.tokens  # its first token came with its last chunk
+    engine.abort("long")  # spare the flow its long prompt
+    drain(engine, results)
+    alone = run_alone(tiny_model, [short])
+    assert results["short"].error is None
+    assert results["short"].tokens == alone["short"].tokens
