@@ -1,8 +1,13 @@
 """Engine options, fixed at start."""
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
+
+# How streaming chunks reach the flow; see cosyserve.engine.token2wav.Token2Wav.
+FlowCacheMode = Literal["exact", "cached", "incremental"]
+FLOW_CACHE_MODES: tuple[FlowCacheMode, ...] = get_args(FlowCacheMode)
 
 
 @dataclass(frozen=True)
@@ -15,6 +20,9 @@ class EngineConfig:
     ``prefill_chunk``: LM prefill positions per step, so a long prompt cannot stall
     everyone's decode for long.
     ``token2wav_per_step``: token2wav chunks (flow + HiFT) run per step; first chunks go first.
+    ``flow_cache``: streaming flow work per chunk: ``"exact"`` recomputes prompt + all
+    tokens (upstream), ``"cached"`` reuses cached states for intermediate chunks (same
+    output), ``"incremental"`` for the final chunk too (cheapest; that chunk deviates).
     ``prefix_cache_positions``: LM positions whose keys and values are kept for reuse by
     later requests with the same input start (a voice's prompt text); 0 disables it.
     """
@@ -24,6 +32,7 @@ class EngineConfig:
     max_len: int = 2048
     prefill_chunk: int = 256
     token2wav_per_step: int = 1
+    flow_cache: FlowCacheMode = "incremental"
     prefix_cache_positions: int = 2048
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
@@ -34,5 +43,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_waiting < 0:
             raise ValueError("max_waiting must not be negative")
+        if self.flow_cache not in FLOW_CACHE_MODES:
+            raise ValueError(f"flow_cache must be one of {FLOW_CACHE_MODES}")
         if self.prefix_cache_positions < 0:
             raise ValueError("prefix_cache_positions must not be negative")

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from cosyserve.errors import CosyserveError
+from cosyserve.models.flow.stream_cache import FlowStreamCache
 from cosyserve.models.hift.stream import HiFTStreamState
 from cosyserve.models.sampling import LengthLimits
 from cosyserve.pipeline.chunking import ChunkSchedule
@@ -61,7 +62,11 @@ class Phase(Enum):
 
 @dataclass
 class SegmentState:
-    """Progress of one segment: tokens so far, chunk cursor and vocoder caches."""
+    """Progress of one segment: tokens so far, chunk cursor, flow and vocoder caches.
+
+    ``flow_cache``: the incremental flow's keys, values and convolution contexts while the
+    segment streams (created by the first chunk, dropped after the last).
+    """
 
     spec: Segment
     schedule: ChunkSchedule
@@ -69,6 +74,7 @@ class SegmentState:
     tokens: list[int] = field(default_factory=list)
     lm_done: bool = False
     hift: HiFTStreamState = field(default_factory=HiFTStreamState)
+    flow_cache: FlowStreamCache | None = None
     vocoded: bool = False
 
 

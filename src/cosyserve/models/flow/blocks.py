@@ -9,11 +9,18 @@ Behaviour follows upstream ``cosyvoice/flow/decoder.py`` (``CausalBlock1D``,
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cosyserve.models.flow.stream_cache import LayerStates
 
-def causal_conv(conv: nn.Conv1d, x: Tensor) -> Tensor:
+
+def causal_conv(conv: nn.Conv1d, x: Tensor, states: LayerStates | None = None) -> Tensor:
     """Apply ``conv`` (no built-in padding) after left-padding ``kernel_size - 1`` zeros,
-    so output frame ``t`` depends on input frames ``<= t`` only. ``(B, C, T)`` -> ``(B, C', T)``."""
-    y: Tensor = conv(F.pad(x, (conv.kernel_size[0] - 1, 0)))
+    so output frame ``t`` depends on input frames ``<= t`` only. ``(B, C, T)`` -> ``(B, C', T)``.
+
+    With ``states`` (incremental streaming) the left padding is the cached input before
+    ``x`` instead of zeros."""
+    width = conv.kernel_size[0] - 1
+    padded = F.pad(x, (width, 0)) if states is None else states.left_pad(conv, x, width)
+    y: Tensor = conv(padded)
     return y
 
 
@@ -25,9 +32,9 @@ class CausalBlock(nn.Module):
         self.conv = nn.Conv1d(dim_in, dim_out, kernel_size=3)
         self.norm = nn.LayerNorm(dim_out)
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor, states: LayerStates | None = None) -> Tensor:
         """``x``: ``(B, C_in, T)``; ``mask``: ``(B, 1, T)`` float. Returns ``(B, C_out, T)``."""
-        h = causal_conv(self.conv, x * mask)
+        h = causal_conv(self.conv, x * mask, states)
         h = self.norm(h.transpose(1, 2)).transpose(1, 2)
         return F.mish(h) * mask
 
@@ -42,11 +49,11 @@ class CausalResnetBlock(nn.Module):
         self.block2 = CausalBlock(dim_out, dim_out)
         self.res_conv = nn.Conv1d(dim_in, dim_out, kernel_size=1)
 
-    def forward(self, x: Tensor, mask: Tensor, time_emb: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor, time_emb: Tensor, states: LayerStates | None = None) -> Tensor:
         """``x``: ``(B, C_in, T)``; ``mask``: ``(B, 1, T)``; ``time_emb``: ``(B, time_dim)``.
         Returns ``(B, C_out, T)``."""
-        h = self.block1(x, mask) + self.time_proj(F.mish(time_emb)).unsqueeze(-1)
-        out: Tensor = self.block2(h, mask)
+        h = self.block1(x, mask, states) + self.time_proj(F.mish(time_emb)).unsqueeze(-1)
+        out: Tensor = self.block2(h, mask, states)
         residual: Tensor = self.res_conv(x * mask)
         return out + residual
 
@@ -65,13 +72,18 @@ class SelfAttention(nn.Module):
         self.v = nn.Linear(dim, inner, bias=False)
         self.out = nn.Linear(inner, dim)
 
-    def forward(self, x: Tensor, bias: Tensor) -> Tensor:
-        """``x``: ``(B, T, C)``; ``bias``: ``(B, 1, T, T)`` additive. Returns ``(B, T, C)``."""
+    def forward(self, x: Tensor, bias: Tensor, states: LayerStates | None = None) -> Tensor:
+        """``x``: ``(B, T, C)``; ``bias``: ``(B, 1, T, K)`` additive. Returns ``(B, T, C)``.
+
+        The keys are the queries (``K = T``), or with ``states`` (incremental streaming)
+        the ``states.length`` cached positions followed by ``x``'s."""
         batch, size, _ = x.shape
         shape = (batch, size, self.heads, self.head_dim)
         q = self.q(x).view(shape).transpose(1, 2)  # (B, H, T, hd)
         k = self.k(x).view(shape).transpose(1, 2)
         v = self.v(x).view(shape).transpose(1, 2)
+        if states is not None:
+            k, v = states.attend(self, k, v)  # (B, H, K, hd)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         y: Tensor = self.out(out.transpose(1, 2).reshape(batch, size, self.heads * self.head_dim))
         return y
@@ -88,8 +100,9 @@ class TransformerBlock(nn.Module):
         self.ff_in = nn.Linear(dim, 4 * dim)
         self.ff_out = nn.Linear(4 * dim, dim)
 
-    def forward(self, x: Tensor, bias: Tensor) -> Tensor:
-        """``x``: ``(B, T, C)``; ``bias``: ``(B, 1, T, T)``. Returns ``(B, T, C)``."""
-        attended: Tensor = x + self.attn(self.attn_norm(x), bias)
+    def forward(self, x: Tensor, bias: Tensor, states: LayerStates | None = None) -> Tensor:
+        """``x``: ``(B, T, C)``; ``bias``, ``states``: as for :class:`SelfAttention`.
+        Returns ``(B, T, C)``."""
+        attended: Tensor = x + self.attn(self.attn_norm(x), bias, states)
         ff: Tensor = self.ff_out(F.gelu(self.ff_in(self.ff_norm(attended))))
         return attended + ff

@@ -8,6 +8,7 @@ emitted before.
 """
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -15,6 +16,7 @@ from torch import Tensor, nn
 from cosyserve.errors import InvalidRequestError
 from cosyserve.modeldir.hparams import CFMConfig
 from cosyserve.models.flow.estimator import Estimator
+from cosyserve.models.flow.stream_cache import LayerStates
 
 # 300 s at 50 frames/s, prompt included: upstream's noise length, hence the longest output.
 MAX_FRAMES = 50 * 300
@@ -48,7 +50,15 @@ class CFM(nn.Module):
             t = 1 - torch.cos(t * 0.5 * math.pi)
         return t
 
-    def forward(self, mu: Tensor, mask: Tensor, spks: Tensor, cond: Tensor, streaming: bool) -> Tensor:
+    def forward(
+        self,
+        mu: Tensor,
+        mask: Tensor,
+        spks: Tensor,
+        cond: Tensor,
+        streaming: bool,
+        states: Sequence[LayerStates] | None = None,
+    ) -> Tensor:
         """Sample mel frames.
 
         ``mu``: ``(B, 80, T)`` encoder output; ``mask``: ``(B, 1, T)`` float (1 = valid frame);
@@ -56,20 +66,28 @@ class CFM(nn.Module):
         in its frames, zeros elsewhere. ``streaming`` selects block-causal attention.
         Returns ``(B, 80, T)`` float32.
 
+        ``states`` (incremental streaming): one per Euler step, each holding the same
+        ``length`` cached frames; the inputs are the frames after those, and draw the noise
+        of their absolute positions.
+
         Classifier-free guidance runs the conditional and unconditional (mu, spks, cond
         zeroed) halves as one batch of ``2B``: ``v = (1 + r) v_cond - r v_uncond``.
         """
         batch, _, frames = mu.shape
-        if frames > self.noise.shape[2]:
+        start = 0 if states is None else states[0].length
+        if states is not None and len(states) != self.cfg.n_timesteps:
+            raise ValueError(f"{len(states)} step states for {self.cfg.n_timesteps} Euler steps")
+        if start + frames > self.noise.shape[2]:
             raise InvalidRequestError(
-                f"flow input of {frames} mel frames exceeds the maximum of {self.noise.shape[2]} (300 s)"
+                f"flow input of {start + frames} mel frames exceeds the maximum of "
+                f"{self.noise.shape[2]} (300 s)"
             )
-        x = self.noise[:, :, :frames].to(mu.dtype).expand(batch, -1, -1)  # (B, 80, T)
+        x = self.noise[:, :, start : start + frames].to(mu.dtype).expand(batch, -1, -1)  # (B, 80, T)
         mask2 = torch.cat([mask, mask])  # (2B, 1, T)
         mu2 = torch.cat([mu, torch.zeros_like(mu)])
         spks2 = torch.cat([spks, torch.zeros_like(spks)])
         cond2 = torch.cat([cond, torch.zeros_like(cond)])
-        bias = self.estimator.attention_bias(mask2, streaming)
+        bias = self.estimator.attention_bias(mask2, streaming, start)
         rate = self.cfg.inference_cfg_rate
 
         t_span = self.time_steps(mu.device, mu.dtype)
@@ -77,7 +95,10 @@ class CFM(nn.Module):
         # the same recurrence keeps the float rounding of t identical.
         t, dt = t_span[0], t_span[1] - t_span[0]
         for step in range(1, len(t_span)):
-            velocity = self.estimator(torch.cat([x, x]), mask2, mu2, t.expand(2 * batch), spks2, cond2, bias)
+            step_states = None if states is None else states[step - 1]
+            velocity = self.estimator(
+                torch.cat([x, x]), mask2, mu2, t.expand(2 * batch), spks2, cond2, bias, step_states
+            )
             v_cond, v_uncond = velocity.split(batch)
             x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
             t = t + dt

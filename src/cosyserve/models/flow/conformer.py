@@ -11,39 +11,49 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cosyserve.models.flow.stream_cache import LayerStates
+
 # Upstream's conformer LayerNorms use 1e-12 (ESPnet heritage), not torch's 1e-5.
 _LAYER_NORM_EPS = 1e-12
 
 
-def rel_position_embedding(size: int, dim: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """``(1, 2T-1, D)`` sinusoidal embedding of the relative positions ``T-1, ..., 0, ..., -(T-1)``.
+def rel_position_embedding(
+    size: int, dim: int, device: torch.device, dtype: torch.dtype, queries: int | None = None
+) -> Tensor:
+    """``(1, size + Q - 1, D)`` sinusoidal embedding of the relative positions
+    ``size-1, ..., 0, ..., -(Q-1)``, for ``Q = queries`` (default ``size``) queries at the
+    last ``Q`` of ``size`` key positions.
 
-    Row ``m`` encodes the distance ``T-1-m`` (query minus key, positive when the key is
+    Row ``m`` encodes the distance ``size-1-m`` (query minus key, positive when the key is
     to the left); even channels are sines, odd channels cosines.
     """
-    positions = torch.arange(size - 1, -size, -1, device=device, dtype=torch.float32)  # (2T-1,)
+    queries = size if queries is None else queries
+    positions = torch.arange(size - 1, -queries, -1, device=device, dtype=torch.float32)  # (size+Q-1,)
     freqs = torch.exp(
         torch.arange(0, dim, 2, device=device, dtype=torch.float32) * -(math.log(10000.0) / dim)
     )
-    angles = positions.unsqueeze(1) * freqs.unsqueeze(0)  # (2T-1, D/2)
-    table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # interleave: (2T-1, D)
+    angles = positions.unsqueeze(1) * freqs.unsqueeze(0)  # (size+Q-1, D/2)
+    table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # interleave: (size+Q-1, D)
     return table.unsqueeze(0).to(dtype)
 
 
 def rel_shift(scores: Tensor) -> Tensor:
-    """Turn ``(B, H, T, 2T-1)`` query-by-relative-position scores into ``(B, H, T, T)``
-    query-by-key scores: ``out[..., i, j] = scores[..., i, T-1-i+j]``.
+    """Turn ``(B, H, Q, K+Q-1)`` query-by-relative-position scores (rows as in
+    :func:`rel_position_embedding` with ``size = K``) into ``(B, H, Q, K)`` query-by-key
+    scores for queries at the last ``Q`` of ``K`` positions:
+    ``out[..., i, j] = scores[..., i, Q-1-i+j]``.
 
     A strided view (no copy): each query row starts one element earlier in the
     relative axis than the row before it.
     """
     scores = scores.contiguous()
-    batch, heads, size, width = scores.shape
+    batch, heads, queries, width = scores.shape
+    keys = width - queries + 1
     s_batch, s_heads = scores.stride(0), scores.stride(1)
     return scores.as_strided(
-        (batch, heads, size, size),
+        (batch, heads, queries, keys),
         (s_batch, s_heads, width - 1, 1),
-        scores.storage_offset() + size - 1,
+        scores.storage_offset() + queries - 1,
     )
 
 
@@ -64,18 +74,25 @@ class RelPositionAttention(nn.Module):
         self.content_bias = nn.Parameter(torch.zeros(heads, self.head_dim))
         self.position_bias = nn.Parameter(torch.zeros(heads, self.head_dim))
 
-    def forward(self, x: Tensor, mask: Tensor, pos_emb: Tensor) -> Tensor:
-        """``x``: ``(B, T, D)``; ``mask``: ``(B, T, T)`` bool; ``pos_emb``: ``(1, 2T-1, D)``.
-        Returns ``(B, T, D)``."""
+    def forward(self, x: Tensor, mask: Tensor, pos_emb: Tensor, states: LayerStates | None = None) -> Tensor:
+        """``x``: ``(B, T, D)``; ``mask``: ``(B, T, K)`` bool; ``pos_emb``: ``(1, K+T-1, D)``
+        (:func:`rel_position_embedding` of ``K`` keys, ``T`` queries). Returns ``(B, T, D)``.
+
+        Without ``states`` the keys are the queries (``K = T``). With ``states`` (incremental
+        streaming) ``x`` holds the positions after the ``states.length`` cached ones, whose
+        keys and values are reused: ``K = states.length + T``.
+        """
         batch, size, dim = x.shape
         q = self.q(x).view(batch, size, self.heads, self.head_dim)
         k = self.k(x).view(batch, size, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, dk)
         v = self.v(x).view(batch, size, self.heads, self.head_dim).transpose(1, 2)
-        p = self.pos(pos_emb).view(1, -1, self.heads, self.head_dim).transpose(1, 2)  # (1, H, 2T-1, dk)
+        if states is not None:
+            k, v = states.attend(self, k, v)  # (B, H, K, dk)
+        p = self.pos(pos_emb).view(1, -1, self.heads, self.head_dim).transpose(1, 2)  # (1, H, K+T-1, dk)
         q_content = (q + self.content_bias).transpose(1, 2)  # (B, H, T, dk)
         q_position = (q + self.position_bias).transpose(1, 2)
         scale = 1.0 / math.sqrt(self.head_dim)
-        position_scores = rel_shift(q_position @ p.transpose(-2, -1)) * scale  # (B, H, T, T)
+        position_scores = rel_shift(q_position @ p.transpose(-2, -1)) * scale  # (B, H, T, K)
         # The position term enters as an additive bias, so SDPA computes the content term.
         bias = position_scores.masked_fill(~mask.unsqueeze(1), float("-inf"))
         out = F.scaled_dot_product_attention(q_content, k, v, attn_mask=bias, scale=scale)
@@ -106,8 +123,8 @@ class ConformerLayer(nn.Module):
         self.ff_norm = nn.LayerNorm(dim, eps=_LAYER_NORM_EPS)
         self.ff = FeedForward(dim, hidden)
 
-    def forward(self, x: Tensor, mask: Tensor, pos_emb: Tensor) -> Tensor:
-        """``x``: ``(B, T, D)``; ``mask``: ``(B, T, T)`` bool; ``pos_emb``: ``(1, 2T-1, D)``."""
-        attended: Tensor = x + self.attn(self.attn_norm(x), mask, pos_emb)
+    def forward(self, x: Tensor, mask: Tensor, pos_emb: Tensor, states: LayerStates | None = None) -> Tensor:
+        """``x``: ``(B, T, D)``; ``mask``, ``pos_emb``, ``states``: as for :class:`RelPositionAttention`."""
+        attended: Tensor = x + self.attn(self.attn_norm(x), mask, pos_emb, states)
         ff: Tensor = self.ff(self.ff_norm(attended))
         return attended + ff

@@ -12,8 +12,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cosyserve.modeldir.hparams import EncoderConfig
+from cosyserve.models.flow.blocks import causal_conv
 from cosyserve.models.flow.conformer import ConformerLayer, rel_position_embedding
 from cosyserve.models.flow.masks import attention_mask, padding_mask
+from cosyserve.models.flow.stream_cache import FlowStreamCache, LayerStates
 
 
 class LinearEmbed(nn.Module):
@@ -45,9 +47,9 @@ class PreLookahead(nn.Module):
         self.conv1 = nn.Conv1d(dim, dim, kernel_size=lookahead + 1)
         self.conv2 = nn.Conv1d(dim, dim, kernel_size=3)
 
-    def forward(self, x: Tensor, context: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor | None, states: LayerStates | None = None) -> Tensor:
         """``x``: ``(B, T, D)``; ``context``: ``(B, C, D)`` with ``C <= lookahead`` or None.
-        Returns ``(B, T, D)``."""
+        ``states``: cached positions before ``x`` (incremental streaming). Returns ``(B, T, D)``."""
         h = x.transpose(1, 2)  # (B, D, T)
         if context is not None:
             if context.shape[1] > self.lookahead:
@@ -55,8 +57,7 @@ class PreLookahead(nn.Module):
             h = torch.cat([h, context.transpose(1, 2)], dim=2)
         h = F.pad(h, (0, self.lookahead + x.shape[1] - h.shape[2]))  # (B, D, T + lookahead)
         h = F.leaky_relu(self.conv1(h), negative_slope=0.01)  # (B, D, T)
-        out: Tensor = self.conv2(F.pad(h, (self.conv2.kernel_size[0] - 1, 0)))
-        return out.transpose(1, 2) + x
+        return causal_conv(self.conv2, h, states).transpose(1, 2) + x
 
 
 class Upsample(nn.Module):
@@ -68,11 +69,11 @@ class Upsample(nn.Module):
         self.stride = stride
         self.conv = nn.Conv1d(dim, dim, kernel_size=2 * stride + 1)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``(B, D, T)`` -> ``(B, D, stride*T)``."""
+    def forward(self, x: Tensor, states: LayerStates | None = None) -> Tensor:
+        """``(B, D, T)`` -> ``(B, D, stride*T)``; ``states``: cached output frames before
+        these (incremental streaming)."""
         h = x.repeat_interleave(self.stride, dim=2)
-        y: Tensor = self.conv(F.pad(h, (2 * self.stride, 0)))
-        return y
+        return causal_conv(self.conv, h, states)
 
 
 class UpsampleConformerEncoder(nn.Module):
@@ -104,7 +105,12 @@ class UpsampleConformerEncoder(nn.Module):
         return self.final_norm.normalized_shape[0]
 
     def forward(
-        self, x: Tensor, lengths: Tensor, context: Tensor | None = None, streaming: bool = False
+        self,
+        x: Tensor,
+        lengths: Tensor,
+        context: Tensor | None = None,
+        streaming: bool = False,
+        cache: FlowStreamCache | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Encode token embeddings.
 
@@ -112,25 +118,38 @@ class UpsampleConformerEncoder(nn.Module):
         ``context``: ``(B, C, D_in)`` embeddings of up to ``pre_lookahead_len`` future tokens
         that the look-ahead convolution sees after position ``T-1`` (not encoded themselves),
         or None for zeros. Returns ``(B, stride*T, D)`` and the output lengths ``(B,)``.
+
+        ``cache`` (streaming only, rows unpadded): ``x`` holds the tokens after the
+        ``cache.encoder_tokens.length`` cached ones, and the output the frames after
+        ``cache.encoder_frames.length``; positions are counted from the cached start.
         """
+        if cache is not None and not streaming:
+            raise ValueError("the incremental encoder needs block-causal (streaming) attention")
+        token_states = None if cache is None else cache.encoder_tokens
+        frame_states = None if cache is None else cache.encoder_frames
         valid = padding_mask(lengths, x.shape[1])  # (B, T)
         # Zeroed padding looks like the zero right-padding a lone request gets, so each
         # row of a ragged batch encodes as it would alone.
         h = self.embed(x) * valid.unsqueeze(-1).to(x.dtype)
-        h = self.lookahead(h, None if context is None else self.embed(context))
-        h = self._layers(self.layers, h, valid, self.chunk_size if streaming else 0)
+        h = self.lookahead(h, None if context is None else self.embed(context), token_states)
+        h = self._layers(self.layers, h, valid, self.chunk_size if streaming else 0, token_states)
 
-        h = self.upsample(h.transpose(1, 2)).transpose(1, 2)  # (B, stride*T, D)
+        h = self.upsample(h.transpose(1, 2), frame_states).transpose(1, 2)  # (B, stride*T, D)
         lengths = lengths * self.stride
         valid = padding_mask(lengths, h.shape[1])
         h = self.up_embed(h)
-        h = self._layers(self.up_layers, h, valid, self.chunk_size * self.stride if streaming else 0)
+        chunk = self.chunk_size * self.stride if streaming else 0
+        h = self._layers(self.up_layers, h, valid, chunk, frame_states)
         return self.final_norm(h), lengths
 
     @staticmethod
-    def _layers(layers: nn.ModuleList, h: Tensor, valid: Tensor, chunk_size: int) -> Tensor:
-        mask = attention_mask(valid, chunk_size)  # (B, T, T)
-        pos_emb = rel_position_embedding(h.shape[1], h.shape[2], h.device, h.dtype)
+    def _layers(
+        layers: nn.ModuleList, h: Tensor, valid: Tensor, chunk_size: int, states: LayerStates | None
+    ) -> Tensor:
+        start = 0 if states is None else states.length
+        size = h.shape[1]
+        mask = attention_mask(valid, chunk_size, start)  # (B, T, start + T)
+        pos_emb = rel_position_embedding(start + size, h.shape[2], h.device, h.dtype, size)
         for layer in layers:
-            h = layer(h, mask, pos_emb)
+            h = layer(h, mask, pos_emb, states)
         return h

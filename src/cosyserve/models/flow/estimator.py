@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from cosyserve.modeldir.hparams import EstimatorConfig
 from cosyserve.models.flow.blocks import CausalBlock, CausalResnetBlock, TransformerBlock, causal_conv
 from cosyserve.models.flow.masks import attention_mask
+from cosyserve.models.flow.stream_cache import LayerStates
 
 # Additive attention bias of a masked key (upstream's ``mask_to_bias``).
 _MASKED_BIAS = -1.0e10
@@ -54,11 +55,13 @@ class Stage(nn.Module):
             TransformerBlock(dim, cfg.num_heads, cfg.attention_head_dim) for _ in range(cfg.n_blocks)
         )
 
-    def forward(self, x: Tensor, mask: Tensor, time_emb: Tensor, bias: Tensor) -> Tensor:
-        """``x``: ``(B, C_in, T)`` -> ``(B, C, T)``; ``bias``: ``(B, 1, T, T)``."""
-        h: Tensor = self.resnet(x, mask, time_emb).transpose(1, 2)  # (B, T, C)
+    def forward(
+        self, x: Tensor, mask: Tensor, time_emb: Tensor, bias: Tensor, states: LayerStates | None = None
+    ) -> Tensor:
+        """``x``: ``(B, C_in, T)`` -> ``(B, C, T)``; ``bias``: ``(B, 1, T, K)``."""
+        h: Tensor = self.resnet(x, mask, time_emb, states).transpose(1, 2)  # (B, T, C)
         for block in self.transformers:
-            h = block(h, bias)
+            h = block(h, bias, states)
         return h.transpose(1, 2)
 
 
@@ -80,33 +83,44 @@ class Estimator(nn.Module):
         self.final_block = CausalBlock(dim, dim)
         self.final_proj = nn.Conv1d(dim, cfg.out_channels, kernel_size=1)
 
-    def attention_bias(self, mask: Tensor, streaming: bool) -> Tensor:
-        """``(B, 1, T, T)`` additive bias (0 or -1e10) for ``mask`` ``(B, 1, T)`` float:
-        padded keys are hidden, and future chunks of ``static_chunk_size`` frames too
-        when streaming. Build it once per solve; it is the same for every step."""
-        allowed = attention_mask(mask[:, 0] > 0, self.chunk_size if streaming else 0)  # (B, T, T)
+    def attention_bias(self, mask: Tensor, streaming: bool, start: int = 0) -> Tensor:
+        """``(B, 1, T, start + T)`` additive bias (0 or -1e10) for ``mask`` ``(B, 1, T)``
+        float: padded keys are hidden, and future chunks of ``static_chunk_size`` frames
+        too when streaming. ``start``: frames before ``mask``'s, cached while streaming
+        incrementally. Build it once per solve; it is the same for every step."""
+        chunk = self.chunk_size if streaming else 0
+        allowed = attention_mask(mask[:, 0] > 0, chunk, start)  # (B, T, start + T)
         return ((1.0 - allowed.to(mask.dtype)) * _MASKED_BIAS).unsqueeze(1)
 
     def forward(
-        self, x: Tensor, mask: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, bias: Tensor
+        self,
+        x: Tensor,
+        mask: Tensor,
+        mu: Tensor,
+        t: Tensor,
+        spks: Tensor,
+        cond: Tensor,
+        bias: Tensor,
+        states: LayerStates | None = None,
     ) -> Tensor:
         """Velocity at time ``t``.
 
         ``x``, ``mu``, ``cond``: ``(B, 80, T)``; ``mask``: ``(B, 1, T)`` float (1 = valid);
         ``t``: ``(B,)``; ``spks``: ``(B, 80)``; ``bias``: from :meth:`attention_bias`.
-        Returns ``(B, 80, T)``, zero at padded frames.
+        ``states``: this Euler step's cached frames when streaming incrementally (``x``
+        then holds the frames after them). Returns ``(B, 80, T)``, zero at padded frames.
         """
         time_emb = self.time_mlp(timestep_embedding(t, self.in_channels))  # (B, 4*C)
         spks = spks.unsqueeze(-1).expand(-1, -1, x.shape[2])
         h = torch.cat([x, mu, spks, cond], dim=1)  # (B, in_channels, T)
 
-        skip = self.down(h, mask, time_emb, bias)
-        h = causal_conv(self.down_conv, skip * mask)
+        skip = self.down(h, mask, time_emb, bias, states)
+        h = causal_conv(self.down_conv, skip * mask, states)
         for stage in self.mid:
-            h = stage(h, mask, time_emb, bias)
-        h = self.up(torch.cat([h, skip], dim=1), mask, time_emb, bias)
-        h = causal_conv(self.up_conv, h * mask)
+            h = stage(h, mask, time_emb, bias, states)
+        h = self.up(torch.cat([h, skip], dim=1), mask, time_emb, bias, states)
+        h = causal_conv(self.up_conv, h * mask, states)
 
-        h = self.final_block(h, mask)
+        h = self.final_block(h, mask, states)
         out: Tensor = self.final_proj(h * mask)
         return out * mask

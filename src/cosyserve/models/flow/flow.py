@@ -1,6 +1,8 @@
 """The CosyVoice 2 flow (upstream ``CausalMaskedDiffWithXvec``): speech tokens, a voice
 prompt and a speaker embedding -> 80-bin log-mel frames at 50 Hz."""
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -10,6 +12,7 @@ from cosyserve.modeldir.hparams import FlowConfig
 from cosyserve.models.flow.cfm import CFM
 from cosyserve.models.flow.encoder import UpsampleConformerEncoder
 from cosyserve.models.flow.estimator import Estimator
+from cosyserve.models.flow.stream_cache import FlowStreamCache
 from cosyserve.models.flow.table import flow_checkpoint_table
 
 # The model-directory tools take the module and its checkpoint table from here.
@@ -37,6 +40,9 @@ def check_flow_config(cfg: FlowConfig) -> None:
         problems.append(f"encoder upsampling x{enc.upsample_stride} != token_mel_ratio {cfg.token_mel_ratio}")
     if enc.attention_heads <= 0 or enc.output_size % enc.attention_heads:
         problems.append(f"encoder width {enc.output_size} not divisible by {enc.attention_heads} heads")
+    if enc.static_chunk_size < 1 or est.static_chunk_size < 1:
+        sizes = f"{enc.static_chunk_size}/{est.static_chunk_size}"
+        problems.append(f"streaming chunk sizes {sizes} (must be at least 1)")
     if problems:
         raise ModelDirError("unsupported flow configuration: " + "; ".join(problems))
 
@@ -55,6 +61,12 @@ class Flow(nn.Module):
         self.encoder = UpsampleConformerEncoder(cfg.encoder, cfg.pre_lookahead_len)
         self.mu_proj = nn.Linear(self.encoder.output_size, cfg.output_size)
         self.cfm = CFM(cfg.cfm, Estimator(cfg.estimator), cfg.output_size)
+        # Incremental streaming caches whole attention blocks of the encoder (in tokens and,
+        # upsampled, in frames) and of the estimator (in frames): it commits tokens in
+        # multiples of the shortest span that ends on a block boundary in all three.
+        stride = cfg.encoder.upsample_stride
+        frame_unit = math.lcm(cfg.encoder.static_chunk_size * stride, cfg.estimator.static_chunk_size)
+        self.stream_block = frame_unit // stride
 
     @torch.inference_mode()
     def inference(
@@ -102,6 +114,67 @@ class Flow(nn.Module):
         mask = mu.new_ones(batch, 1, mu.shape[2])
         mel: Tensor = self.cfm(mu, mask, spks, cond, streaming)  # (B, 80, T_all) float32
         return mel[:, :, prompt_frames:]
+
+    def new_stream_cache(self) -> FlowStreamCache:
+        """An empty cache for one stream of :meth:`stream` calls."""
+        return FlowStreamCache(self.cfg.cfm.n_timesteps)
+
+    @torch.inference_mode()
+    def stream(
+        self,
+        cache: FlowStreamCache,
+        token: Tensor,
+        prompt_token: Tensor,
+        prompt_feat: Tensor,
+        embedding: Tensor,
+        offset: int,
+        finalize: bool,
+    ) -> Tensor:
+        """Incremental streaming: the mel frames of ``token[:, offset:]`` (lookahead
+        excluded unless ``finalize``), equal up to float rounding to
+        ``inference(token, ..., streaming=True, finalize)[:, :, token_mel_ratio * offset:]``
+        but computing only the positions after those ``cache`` holds.
+
+        Arguments as for :meth:`inference`; ``token`` is every generated token so far.
+        Successive calls on one cache continue one stream: the same prompt and embedding,
+        ``token`` extending the previous call's, ``offset`` at or after where the previous
+        call's frames end. The positions in complete blocks are cached (those after are
+        recomputed next time, e.g. after a short first hop). After ``finalize`` the cache
+        is emptied and cannot continue. Returns ``(B, 80, T)`` float32.
+        """
+        self._check_inputs(token, prompt_token, prompt_feat, embedding, finalize)
+        if cache.finished:
+            raise ValueError("this flow stream was finalized")
+        ratio, lookahead = self.token_mel_ratio, self.pre_lookahead_len
+        total = prompt_token.shape[1] + token.shape[1] - (0 if finalize else lookahead)
+        start = cache.tokens
+        first_frame = prompt_feat.shape[1] + ratio * offset  # absolute frame of the first output
+        if offset < 0 or first_frame < ratio * start:
+            raise ValueError(f"offset {offset} reaches into the frames already cached")
+        if total == start:  # nothing after the cached tokens (possible only when finalizing)
+            cache.finish(total, finalize)
+            return prompt_feat.new_zeros(token.shape[0], self.cfg.output_size, 0, dtype=torch.float32)
+
+        dtype = self.speaker_proj.weight.dtype
+        spks = self.speaker_proj(F.normalize(embedding.to(dtype), dim=1))  # (B, 80)
+        tokens = torch.cat([prompt_token, token], dim=1)[:, start:]  # (B, total - start [+ lookahead])
+        x = self.token_embedding(tokens.clamp(min=0))
+        batch, new = x.shape[0], total - start
+        committed = total if finalize else total // self.stream_block * self.stream_block
+        cache.begin(committed - start, ratio)
+        lengths = torch.full((batch,), new, device=x.device, dtype=torch.long)
+        context = None if finalize else x[:, new:]
+        h, _ = self.encoder(x[:, :new], lengths, context, streaming=True, cache=cache)
+        mu = self.mu_proj(h).transpose(1, 2)  # (B, 80, ratio * new)
+
+        frame0 = ratio * start
+        cond = torch.zeros_like(mu)
+        prompt_feat = prompt_feat[:, frame0:]  # the prompt frames among the new ones
+        cond[:, :, : prompt_feat.shape[1]] = prompt_feat.transpose(1, 2).to(mu.dtype)
+        mask = mu.new_ones(batch, 1, mu.shape[2])
+        mel: Tensor = self.cfm(mu, mask, spks, cond, streaming=True, states=cache.steps)
+        cache.finish(committed, finalize)
+        return mel[:, :, first_frame - frame0 :]
 
     def _check_inputs(
         self, token: Tensor, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor, finalize: bool

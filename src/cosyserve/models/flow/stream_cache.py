@@ -1,0 +1,123 @@
+"""Per-request state for incremental streaming through the flow.
+
+Streaming attention in the flow is block-causal from position 0 and every convolution
+except the encoder's look-ahead is causal, so a position whose block is complete never
+changes when more tokens arrive. Incremental streaming computes only positions after
+the last complete block and keeps, for those before it: the keys and values of every
+attention layer and the left context of every causal convolution, separately for the
+encoder and for each Euler step of the sampler (both CFG branches, as one batch).
+
+One :class:`FlowStreamCache` belongs to one segment of one request and is dropped when
+the segment ends; nothing here is stored on the shared modules.
+"""
+
+import torch
+from torch import Tensor, nn
+
+
+class LayerStates:
+    """The cached states of one network pass over a stream (the encoder's token-rate
+    layers, its frame-rate layers, or one Euler step of the estimator).
+
+    ``length`` positions are final and cached. During a pass the new positions start at
+    ``length``; the first ``keep`` of them are final and become cached as the layers
+    see them (each layer runs once per pass). :meth:`finish` then moves ``length``.
+    """
+
+    def __init__(self) -> None:
+        self.length = 0
+        self.keep = 0
+        # Keyed by the module that owns the state, so each layer finds its own.
+        self._keys: dict[nn.Module, Tensor] = {}  # (B, H, capacity, d)
+        self._values: dict[nn.Module, Tensor] = {}
+        self._context: dict[nn.Module, Tensor] = {}  # (B, C, kernel - 1)
+
+    def begin(self, keep: int) -> None:
+        if keep < 0:
+            raise ValueError("keep must not be negative")
+        self.keep = keep
+
+    def finish(self) -> None:
+        self.length += self.keep
+        self.keep = 0
+
+    def attend(self, layer: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of all positions so far for ``layer``'s new ``k``, ``v``
+        ``(B, H, n, d)``: ``(B, H, length + n, d)`` views of a buffer that grows
+        geometrically, so appending costs amortised O(n), not a copy of the whole history
+        per chunk."""
+        end = self.length + k.shape[2]
+        keys = self._grown(self._keys, layer, k, end)
+        values = self._grown(self._values, layer, v, end)
+        keys[:, :, self.length : end] = k
+        values[:, :, self.length : end] = v
+        return keys[:, :, :end], values[:, :, :end]
+
+    def left_pad(self, conv: nn.Module, x: Tensor, width: int) -> Tensor:
+        """``x`` ``(B, C, n)`` (the new positions) with the ``width`` cached positions
+        before it prepended (zeros at the start of the stream): ``(B, C, width + n)``."""
+        context = self._context.get(conv)
+        if context is None:
+            if self.length:
+                raise RuntimeError("a causal convolution lost its cached context")
+            context = x.new_zeros(x.shape[0], x.shape[1], width)
+        padded = torch.cat([context, x], dim=2)
+        # The context for the next pass: the ``width`` positions before the new ``length``.
+        self._context[conv] = padded[:, :, self.keep : self.keep + width].clone()
+        return padded
+
+    def nbytes(self) -> int:
+        tensors = [*self._keys.values(), *self._values.values(), *self._context.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    @staticmethod
+    def _grown(buffers: dict[nn.Module, Tensor], layer: nn.Module, new: Tensor, end: int) -> Tensor:
+        buffer = buffers.get(layer)
+        if buffer is not None and buffer.shape[2] >= end:
+            return buffer
+        # x1.5: at most a third of the buffer is slack; each position is copied about
+        # twice over the stream's life.
+        capacity = max(end, 3 * (0 if buffer is None else buffer.shape[2]) // 2)
+        grown = new.new_empty(new.shape[0], new.shape[1], capacity, new.shape[3])
+        if buffer is not None:
+            grown[:, :, : buffer.shape[2]] = buffer
+        buffers[layer] = grown
+        return grown
+
+
+class FlowStreamCache:
+    """Incremental-flow state of one streamed segment (see :meth:`Flow.stream`).
+
+    ``tokens``: prompt + generated tokens whose encoder states are final and cached
+    (a multiple of the block length); the mel frames before ``token_mel_ratio * tokens``
+    are final in every layer of every Euler step too. ``finished``: the stream ended and
+    the cache was emptied.
+    """
+
+    def __init__(self, n_steps: int) -> None:
+        self.tokens = 0
+        self.finished = False
+        self.encoder_tokens = LayerStates()
+        self.encoder_frames = LayerStates()
+        self.steps = [LayerStates() for _ in range(n_steps)]
+
+    def begin(self, keep_tokens: int, ratio: int) -> None:
+        """Start a pass whose first ``keep_tokens`` new tokens (``ratio`` frames each) are final."""
+        self.encoder_tokens.begin(keep_tokens)
+        for states in (self.encoder_frames, *self.steps):
+            states.begin(ratio * keep_tokens)
+
+    def finish(self, tokens: int, finalize: bool) -> None:
+        """End a pass: ``tokens`` are now cached; the last pass of a stream frees everything."""
+        if finalize:
+            self.finished = True
+            self.encoder_tokens, self.encoder_frames = LayerStates(), LayerStates()
+            self.steps = [LayerStates() for _ in self.steps]
+            return
+        for states in (self.encoder_tokens, self.encoder_frames, *self.steps):
+            states.finish()
+        self.tokens = tokens
+
+    def nbytes(self) -> int:
+        """Memory held by the cache, in bytes."""
+        return sum(states.nbytes() for states in (self.encoder_tokens, self.encoder_frames, *self.steps))
