@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,8 +70,15 @@ def server_args(model_dir: Path, tmp: Path, **settings: object) -> list[str]:
 
 
 @contextmanager
-def running_server(model_dir: Path, tmp: Path, **settings: object) -> Iterator[ServerProcess]:
-    """Start ``cosyserve serve`` and wait until ``/ready`` is 200; always stop it."""
+def running_server(
+    model_dir: Path,
+    tmp: Path,
+    *,
+    on_listening: Callable[[str], None] | None = None,
+    **settings: object,
+) -> Iterator[ServerProcess]:
+    """Start ``cosyserve serve`` and wait until ``/ready`` is 200; always stop it.
+    ``on_listening`` gets ``/ready``'s status as soon as the port is open."""
     tmp.mkdir(parents=True, exist_ok=True)
     log_path = tmp / "server.log"
     with log_path.open("wb") as log:
@@ -83,6 +90,8 @@ def running_server(model_dir: Path, tmp: Path, **settings: object) -> Iterator[S
         )
     try:
         server = ServerProcess(_wait_listening(process, log_path), process, log_path)
+        if on_listening is not None:
+            on_listening(server.ready().json()["status"])  # single process: answers at once
         _wait_ready(server)
         yield server
     finally:
@@ -118,8 +127,11 @@ def _wait_ready(server: ServerProcess) -> None:
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log()}")
-        if server.ready().status_code == 200:
-            return
+        try:
+            if server.ready().status_code == 200:
+                return
+        except httpx.TransportError:  # worker processes listen only once they are up
+            pass
         time.sleep(0.1)
     raise RuntimeError(f"server not ready within {START_TIMEOUT_S} s:\n{server.log()}")
 

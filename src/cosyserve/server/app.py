@@ -65,8 +65,3 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     app.include_router(routes_voices.router)
     app.include_router(routes_ws.router)
     return app
-
-
-def app_from_env() -> FastAPI:
-    """Factory for worker processes (``uvicorn --factory``): settings from ``COSYSERVE_*``."""
-    return create_app(Settings.load())

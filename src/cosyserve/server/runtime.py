@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 from enum import StrEnum
 
+import grpc
 import torch
 
 from cosyserve.engine.async_engine import AsyncEngine
@@ -25,6 +26,7 @@ from cosyserve.loader import load_model
 from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
 from cosyserve.pipeline.voice import VoicePrompt
 from cosyserve.server.error_map import NotReadyError
+from cosyserve.server.grpc import GrpcConfig, start_grpc_server
 from cosyserve.server.service import ServiceLimits, SpeechService
 from cosyserve.settings import Settings
 from cosyserve.voices.store import VoiceStore
@@ -44,7 +46,7 @@ class Phase(StrEnum):
 
 
 class ServerRuntime:
-    """The model, engine, voice store and service of one process, and their state."""
+    """The model, engine, voice store, service and gRPC server of one process."""
 
     def __init__(self, settings: Settings, on_fatal: Callable[[], None] | None = None) -> None:
         self.settings = settings
@@ -53,6 +55,8 @@ class ServerRuntime:
         self._on_fatal = on_fatal
         self._engine: AsyncEngine | None = None
         self._voices: VoiceStore | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._grpc_stopping: asyncio.Future[None] | None = None
 
     @property
     def engine_alive(self) -> bool:
@@ -95,7 +99,12 @@ class ServerRuntime:
             service = SpeechService(model, self._engine, self._voices, limits, settings.frontend_threads)
             self.service = service
             await self._warm_up(service)
-        except CosyserveError as exc:
+            if settings.grpc_port:
+                grpc_config = GrpcConfig(
+                    max_text_chars=settings.max_text_chars, max_message_bytes=settings.max_upload_bytes
+                )
+                self._grpc = await start_grpc_server(service, settings.host, settings.grpc_port, grpc_config)
+        except (CosyserveError, OSError) as exc:
             logger.error("server start failed: %s", exc)
             self._fail()
             return
@@ -131,14 +140,28 @@ class ServerRuntime:
             self._on_fatal()
 
     async def drain(self) -> None:
-        """Stop taking new requests (``/ready`` turns 503); in-flight ones go on."""
+        """Stop taking new requests (``/ready`` turns 503, gRPC refuses new calls);
+        in-flight ones go on."""
         if self.phase in (Phase.STARTING, Phase.READY):
             self.phase = Phase.DRAINING
             logger.info("draining: no new requests")
+        if self._grpc is not None and self._grpc_stopping is None:
+            # In-flight calls get the grace period, like HTTP ones (the engine cut-off ends them).
+            self._grpc_stopping = asyncio.ensure_future(self._grpc.stop(self.settings.shutdown_grace_s))
+
+    async def cut_off(self, grace_s: float) -> None:
+        """After ``grace_s``, stop the engine: every request still running ends with
+        ``engine_dead``, so draining never outlasts the grace period."""
+        await asyncio.sleep(grace_s)
+        if self._engine is not None and self._engine.alive:
+            logger.warning("grace period over: aborting %d request(s)", self._engine.active_requests)
+            await asyncio.to_thread(self._engine.shutdown)
 
     async def stop(self) -> None:
         """Stop the engine thread (aborting what still runs), the executors and the store."""
         await self.drain()
+        if self._grpc_stopping is not None:
+            await self._grpc_stopping
         if self._engine is not None:
             await asyncio.to_thread(self._engine.shutdown)
         if self.service is not None:

@@ -1,0 +1,170 @@
+"""Running the app under uvicorn: one process, or N worker processes on one socket.
+
+Shutdown is the same in both: SIGTERM (or Ctrl-C) marks the runtime draining (``/ready``
+503, new requests 503), uvicorn closes the listeners and waits for open responses; after
+``shutdown_grace_s`` the engine is stopped, which ends every request still running with
+``engine_dead`` (a truncated stream, or a 503 where nothing was sent yet), and the
+process exits. uvicorn's own task-cancelling timeout is only a backstop behind that.
+
+Workers are spawned processes (not forks: the parent may have imported torch) sharing
+the parent's listening socket; each loads the model (memory-mapped, so the weight pages
+are shared) and runs its own engine. The parent forwards SIGTERM/SIGINT as SIGTERM and
+stops all workers if one of them exits on its own.
+"""
+
+import asyncio
+import logging
+import math
+import multiprocessing
+import os
+import signal
+import socket
+from multiprocessing.connection import wait
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from cosyserve.errors import CosyserveError
+from cosyserve.server.app import create_app
+from cosyserve.server.runtime import ServerRuntime
+from cosyserve.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
+# Seconds uvicorn waits beyond the grace period before cancelling response tasks itself.
+_BACKSTOP_S = 5
+# Exit status of a worker whose start failed (model could not load, ...).
+_START_FAILED = 2
+
+
+class ServerStartError(CosyserveError):
+    code = "server_start_failed"
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, draining the runtime on shutdown and logging the bound address."""
+
+    def __init__(self, config: uvicorn.Config, runtime: ServerRuntime) -> None:
+        super().__init__(config)
+        self.runtime = runtime
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        for listener in self.servers:
+            for sock in listener.sockets:
+                address, port = sock.getsockname()[:2]
+                logger.info("HTTP listening on http://%s:%d", address, port)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        # uvicorn re-raises the signal after shutting down; the drain is the whole answer
+        # to it here, so the process exits normally (status 0, no KeyboardInterrupt).
+        self._captured_signals.clear()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self.runtime.drain()
+        cut_off = asyncio.create_task(self.runtime.cut_off(self.runtime.settings.shutdown_grace_s))
+        try:
+            await super().shutdown(sockets)
+        finally:
+            cut_off.cancel()
+
+
+def run(settings: Settings) -> None:
+    """Serve until SIGTERM/SIGINT; raises :class:`ServerStartError` if the start fails."""
+    if settings.workers == 1:
+        if not _serve(settings, None):
+            raise ServerStartError("the server could not start; see the log above")
+        return
+    config = _uvicorn_config(settings)
+    sock = config.bind_socket()
+    address, port = sock.getsockname()[:2]
+    logger.info("HTTP listening on http://%s:%d (%d workers)", address, port, settings.workers)
+    try:
+        _supervise(settings, sock)
+    finally:
+        sock.close()
+
+
+def _serve(settings: Settings, sock: socket.socket | None) -> bool:
+    """Run one server process to its end; False if its start failed."""
+    failed = False
+
+    def on_fatal() -> None:
+        nonlocal failed
+        failed = True
+        server.should_exit = True
+
+    app = create_app(settings, on_fatal=on_fatal)
+    server = Server(_uvicorn_config(settings, app), app.state.runtime)
+    server.run(None if sock is None else [sock])
+    return not failed
+
+
+def _worker(env: dict[str, str], sock: socket.socket) -> None:
+    """A worker process's entry point: settings come through the environment."""
+    os.environ.update(env)
+    if not _serve(Settings.load(), sock):
+        raise SystemExit(_START_FAILED)
+
+
+def _supervise(settings: Settings, sock: socket.socket) -> None:
+    env = settings.to_env()
+    context = multiprocessing.get_context("spawn")
+    workers = [
+        context.Process(target=_worker, args=(env, sock), daemon=False) for _ in range(settings.workers)
+    ]
+    stopping = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for worker in workers:
+            worker.start()
+        while not stopping and all(w.exitcode is None for w in workers):
+            wait([w.sentinel for w in workers], timeout=0.5)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        crashed = [w for w in workers if w.exitcode is not None]
+        for worker in workers:
+            if worker.exitcode is None and worker.pid is not None:
+                os.kill(worker.pid, signal.SIGTERM)
+        for worker in workers:
+            worker.join(settings.shutdown_grace_s + 2 * _BACKSTOP_S)
+            if worker.exitcode is None:
+                worker.kill()
+                worker.join()
+    if crashed and not stopping:
+        codes = ", ".join(str(w.exitcode) for w in crashed)
+        raise ServerStartError(f"a worker process exited (status {codes}); all workers stopped")
+
+
+def _uvicorn_config(settings: Settings, app: Any = None) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=log_config(settings.log_level),
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s) + _BACKSTOP_S,
+    )
+
+
+def log_config(level: str) -> dict[str, Any]:
+    """One stderr handler on the root logger; uvicorn's loggers propagate to it. Applied by
+    uvicorn in every process, workers included (they never run the CLI's root command)."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": _LOG_FORMAT}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
+        "root": {"handlers": ["stderr"], "level": level.upper()},
+        "loggers": {name: {"handlers": [], "propagate": True} for name in _UVICORN_LOGGERS},
+    }

@@ -1,0 +1,148 @@
+"""``cosyserve serve`` as a process: start-up errors, readiness, graceful SIGTERM, workers."""
+
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from cosyserve.server.grpc.protos import cosyserve_v1_pb2, cosyserve_v1_pb2_grpc
+from tests.server.conftest import (
+    isolated_env,
+    running_server,
+    serve_command,
+    server_args,
+)
+
+VOICE = "英文男"
+
+
+def run_serve(tmp: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        serve_command(*args), env=isolated_env(tmp), capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--port", "70000"], "error: invalid setting port: Input should be less than or equal to 65535"),
+        (["--model-dir", "/nonexistent/model"], "error: model directory /nonexistent/model does not exist"),
+        (["--config", "/nonexistent/cosyserve.toml"], "error: config file /nonexistent/cosyserve.toml"),
+    ],
+)
+def test_bad_settings_stop_the_start_in_one_line(
+    tiny_model_dir: Path, tmp_path: Path, args: list[str], message: str
+) -> None:
+    result = run_serve(tmp_path, "--model-dir", str(tiny_model_dir), *args)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert result.stderr.startswith(message)
+
+
+def test_unknown_key_in_config_file(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = tmp_path / "cosyserve.toml"
+    config.write_text("max_actives = 3\n")
+    result = run_serve(tmp_path, "--model-dir", str(tiny_model_dir), "--config", str(config))
+    assert (result.returncode, result.stderr.strip()) == (
+        2,
+        f"error: unknown setting 'max_actives' in {config}",
+    )
+
+
+def test_model_that_fails_to_load_exits_2(tiny_model_dir: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for entry in tiny_model_dir.iterdir():
+        (broken / entry.name).symlink_to(entry)
+    (broken / "llm.pt").unlink()
+    (broken / "llm.pt").write_bytes((tiny_model_dir / "llm.pt").read_bytes()[:1000])
+    result = run_serve(tmp_path, *server_args(broken, tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("error: the server could not start; see the log above")
+    assert "server start failed:" in result.stderr and "llm.pt" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_ready_grpc_and_graceful_sigterm(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """/ready is 503 while loading; gRPC runs in the same process on the same service; on
+    SIGTERM a short stream finishes, one longer than the grace period is cut off, and the
+    process exits 0 soon after the grace period."""
+    grace = 4.0
+    states: list[str] = []
+    grpc_port = _free_port()
+    with running_server(
+        tiny_model_dir, tmp_path, shutdown_grace=grace, grpc_port=grpc_port, on_listening=states.append
+    ) as server:
+        assert states[0] == "starting"
+        assert f"gRPC listening on 127.0.0.1:{grpc_port}" in server.log()
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            voices = cosyserve_v1_pb2_grpc.SpeechStub(channel).ListVoices(
+                cosyserve_v1_pb2.ListVoicesRequest(), timeout=10
+            )
+        assert sorted(v.name for v in voices.voices) == ["中文女", "英文男"]
+        results: dict[str, object] = {}
+
+        def stream(name: str, tokens: int) -> None:
+            body = {"model": "x", "input": "Hello.", "voice": VOICE, "response_format": "pcm", "stream": True}
+            body |= {"min_tokens": tokens, "max_tokens": tokens}
+            received = 0
+            try:
+                with httpx.stream("POST", f"{server.url}/v1/audio/speech", json=body, timeout=60) as response:
+                    for piece in response.iter_bytes():
+                        received += len(piece)
+                results[name] = received
+            except httpx.HTTPError as exc:
+                results[name] = exc
+
+        threads = [
+            threading.Thread(target=stream, args=("short", 25)),
+            threading.Thread(target=stream, args=("long", 5000)),
+        ]
+        for thread in threads:
+            thread.start()
+        while server.ready().json()["engine_requests"] < 2:
+            time.sleep(0.05)
+        server.process.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        assert server.process.wait(grace + 15) == 0
+        stopped_after = time.monotonic() - sent
+        for thread in threads:
+            thread.join(10)
+    assert results["short"] == 25 * 960 * 2  # finished within the grace period
+    assert isinstance(results["long"], httpx.RemoteProtocolError)  # cut off after it
+    assert grace - 0.5 < stopped_after < grace + 10
+    log = server.log()
+    assert "draining" in log and "grace period over: aborting 1 request(s)" in log
+    assert "Traceback" not in log
+
+
+@pytest.mark.slow
+def test_two_workers_share_one_port(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with running_server(tiny_model_dir, tmp_path, workers=2) as server:
+        assert len(_workers(server.process.pid)) == 2
+        deadline = time.monotonic() + 120
+        while [server.ready().status_code for _ in range(10)] != [200] * 10:  # both workers
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        body = {"model": "x", "input": "Hi.", "voice": VOICE, "response_format": "wav"}
+        body |= {"min_tokens": 10, "max_tokens": 10}
+        response = httpx.post(f"{server.url}/v1/audio/speech", json=body, timeout=60)
+        assert response.status_code == 200
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _workers(pid: int) -> list[int]:
+    """Child processes of ``pid`` other than multiprocessing's resource tracker."""
+    children = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return [c for c in children if b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()]
