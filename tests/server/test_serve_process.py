@@ -1,5 +1,6 @@
 """``cosyserve serve`` as a process: start-up errors, readiness, graceful SIGTERM, workers."""
 
+import os
 import signal
 import socket
 import subprocess
@@ -10,7 +11,9 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from cosyserve.cli import app
 from cosyserve.server.grpc.protos import cosyserve_v1_pb2, cosyserve_v1_pb2_grpc
 from tests.server.conftest import (
     isolated_env,
@@ -32,27 +35,34 @@ def run_serve(tmp: Path, *args: str, timeout: float = 120) -> subprocess.Complet
     ("args", "message"),
     [
         (["--port", "70000"], "error: invalid setting port: Input should be less than or equal to 65535"),
+        (
+            ["--max-active", "0"],
+            "error: invalid setting max_active: Input should be greater than or equal to 1",
+        ),
         (["--model-dir", "/nonexistent/model"], "error: model directory /nonexistent/model does not exist"),
-        (["--config", "/nonexistent/cosyserve.toml"], "error: config file /nonexistent/cosyserve.toml"),
+        (
+            ["--config", "/nonexistent/cosyserve.toml"],
+            "error: config file /nonexistent/cosyserve.toml does not exist",
+        ),
     ],
 )
 def test_bad_settings_stop_the_start_in_one_line(
-    tiny_model_dir: Path, tmp_path: Path, args: list[str], message: str
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
 ) -> None:
-    result = run_serve(tmp_path, "--model-dir", str(tiny_model_dir), *args)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
-    assert result.stderr.startswith(message)
+    # In-process (the CLI's error path; the real process is started by the other tests).
+    _isolate(monkeypatch, tmp_path)
+    result = CliRunner().invoke(app, ["serve", "--model-dir", str(tiny_model_dir), *args])
+    assert (result.exit_code, result.stderr) == (2, message + "\n")
 
 
-def test_unknown_key_in_config_file(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_unknown_key_in_config_file(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _isolate(monkeypatch, tmp_path)
     config = tmp_path / "cosyserve.toml"
     config.write_text("max_actives = 3\n")
-    result = run_serve(tmp_path, "--model-dir", str(tiny_model_dir), "--config", str(config))
-    assert (result.returncode, result.stderr.strip()) == (
-        2,
-        f"error: unknown setting 'max_actives' in {config}",
-    )
+    result = CliRunner().invoke(app, ["serve", "--model-dir", str(tiny_model_dir), "--config", str(config)])
+    assert (result.exit_code, result.stderr) == (2, f"error: unknown setting 'max_actives' in {config}\n")
 
 
 def test_model_that_fails_to_load_exits_2(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -134,6 +144,12 @@ def test_two_workers_share_one_port(tiny_model_dir: Path, tmp_path: Path) -> Non
         body |= {"min_tokens": 10, "max_tokens": 10}
         response = httpx.post(f"{server.url}/v1/audio/speech", json=body, timeout=60)
         assert response.status_code == 200
+
+
+def _isolate(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> None:
+    for name in [n for n in os.environ if n.startswith("COSYSERVE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp / "cache"))
 
 
 def _free_port() -> int:
