@@ -57,7 +57,7 @@ class Engine:
             )
         self.stats = EngineStats()
         self.lm_runner = LMRunner(lm, cache, self.stats, prefix_cache)
-        self.token2wav = Token2Wav(flow, hift, self.stats)
+        self.token2wav = Token2Wav(flow, hift, self.stats, config.flow_cache)
         self.scheduler = Scheduler(config)
         self._requests: dict[str, Request] = {}
         self._lookahead = flow.cfg.pre_lookahead_len
