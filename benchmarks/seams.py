@@ -3,11 +3,13 @@
 One command:
 
     .venv/bin/python benchmarks/seams.py [MODEL_DIR] [--tokens 100] [--first-hops 10 5]
+                                         [--flow-cache incremental cached]
 
 Without MODEL_DIR a tiny random-weight model is generated in a temporary directory.
 The same forced speech tokens (seeded, no LM) and the same seed are synthesised once
 without streaming and once per streaming schedule: upstream's default (a padded first
-hop, then 25-token hops) and each ``--first-hops`` value. For every join between two
+hop, then 25-token hops) and each ``--first-hops`` value, for each streaming flow mode
+(``EngineConfig.flow_cache``; "exact" and "cached" give the same audio). For every join between two
 chunks it measures the step |x[j] - x[j-1]| of the streamed waveform and, at the same
 position, of the non-streamed one, and over the whole utterance max |streamed -
 non-streamed|, split into the cross-fade zones around the joins and the rest.
@@ -31,6 +33,7 @@ from typing import cast
 import numpy as np
 import torch
 
+from cosyserve.engine.config import FLOW_CACHE_MODES, EngineConfig, FlowCacheMode
 from cosyserve.loader import LoadedModel, load_model
 from cosyserve.modeldir.generate import init_model_dir
 from cosyserve.models.hift.generator import HiFTGenerator
@@ -89,18 +92,23 @@ def prompt_wav(seconds: float, rate: int = 16000, seed: int = 0) -> bytes:
     return out.getvalue()
 
 
-def synthesize(
-    model: LoadedModel,
-    voice: VoicePrompt,
-    tokens: tuple[int, ...],
-    seed: int,
-    stream: bool,
-    first_hop: int | None,
-) -> list[np.ndarray]:
-    """The chunks of one request (one chunk without streaming), on a fresh engine."""
-    opts = SynthesisOptions(seed=seed, first_hop=first_hop)
-    request = SynthesisRequest("", Mode.ZERO_SHOT, voice, speech_tokens=tokens, stream=stream, options=opts)
-    return list(Synthesizer(model).stream(request))
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """What every synthesis of one comparison shares."""
+
+    voice: VoicePrompt
+    tokens: tuple[int, ...]
+    seed: int
+    flow_cache: FlowCacheMode
+
+    def chunks(self, model: LoadedModel, stream: bool, first_hop: int | None = None) -> list[np.ndarray]:
+        """The chunks of one request (one chunk without streaming), on a fresh engine."""
+        opts = SynthesisOptions(seed=self.seed, first_hop=first_hop)
+        request = SynthesisRequest(
+            "", Mode.ZERO_SHOT, self.voice, speech_tokens=self.tokens, stream=stream, options=opts
+        )
+        config = EngineConfig(max_active=1, flow_cache=self.flow_cache)
+        return list(Synthesizer(model, config).stream(request))
 
 
 def hops_of(chunks: list[np.ndarray]) -> list[int]:
@@ -145,7 +153,7 @@ def join_steps(x: np.ndarray, joins: np.ndarray) -> tuple[float, float]:
     return float(steps[joins - 1].max()), max(ratios)
 
 
-def seam_row(schedule: str, comparison: str, chunks: list[np.ndarray], whole: np.ndarray) -> str:
+def seam_row(mode: str, schedule: str, comparison: str, chunks: list[np.ndarray], whole: np.ndarray) -> str:
     streamed = np.concatenate(chunks)
     assert streamed.shape == whole.shape, "streamed and non-streamed lengths differ"
     joins = np.cumsum([c.size for c in chunks])[:-1]
@@ -157,8 +165,8 @@ def seam_row(schedule: str, comparison: str, chunks: list[np.ndarray], whole: np
         near[max(j - CROSSFADE, 0) : j + CROSSFADE] = True
     hops = "+".join(map(str, hops_of(chunks)))
     return (
-        f"| {schedule} | {comparison} | {hops} | {step_s:.4f} / {step_w:.4f} | {ratio_s:.1f} / {ratio_w:.1f} "
-        f"| {diff[near].max():.2e} | {diff[~near].max():.2e} |"
+        f"| {mode} | {schedule} | {comparison} | {hops} | {step_s:.4f} / {step_w:.4f} "
+        f"| {ratio_s:.1f} / {ratio_w:.1f} | {diff[near].max():.2e} | {diff[~near].max():.2e} |"
     )
 
 
@@ -170,6 +178,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=100, help="forced speech tokens (default 100 = 4 s)")
     parser.add_argument("--first-hops", type=int, nargs="*", default=[10, 5])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--flow-cache",
+        nargs="+",
+        choices=FLOW_CACHE_MODES,
+        default=["incremental", "cached"],
+        help="flow modes",
+    )
     parser.add_argument("--prompt-seconds", type=float, default=3.0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = parser.parse_args()
@@ -197,24 +212,31 @@ def main() -> None:
           f"{args.tokens} forced tokens ({args.tokens * 0.04:.2f} s); seed {args.seed}")  # fmt: skip
     print()
     print(
-        "| schedule | streamed vs non-streamed | chunks (tokens) | max join step: streamed / non-streamed "
-        "| max join step / local RMS step: streamed / non-streamed | max diff, <=160 ms from a join "
-        "| max diff elsewhere |"
+        "| flow_cache | schedule | streamed vs non-streamed | chunks (tokens) | max join step: streamed / "
+        "non-streamed | max join step / local RMS step: streamed / non-streamed "
+        "| max diff, <=160 ms from a join | max diff elsewhere |"
     )
-    print("|---|---|---|---|---|---|---|")
-    (whole,) = synthesize(model, voice, tokens, args.seed, stream=False, first_hop=None)
-    (whole_aligned,) = synthesize(aligned_model(), voice, tokens, args.seed, stream=False, first_hop=None)
-    for first_hop in [None, *args.first_hops]:
-        schedule = "default" if first_hop is None else f"first_hop={first_hop}"
-        chunks = synthesize(model, voice, tokens, args.seed, stream=True, first_hop=first_hop)
-        print(seam_row(schedule, "engine", chunks, whole))
-        aligned = synthesize(aligned_model(), voice, tokens, args.seed, stream=True, first_hop=first_hop)
-        print(seam_row(schedule, "aligned excitation", aligned, whole_aligned))
-        print(
-            seam_row(
-                schedule, "vocoder only", *vocoder_only(model, voice, tokens, hops_of(chunks), args.seed)
-            )
-        )
+    print("|---|---|---|---|---|---|---|---|")
+    streams: dict[tuple[str, str], list[np.ndarray]] = {}
+    for mode in args.flow_cache:
+        run = Run(voice, tokens, args.seed, mode)
+        (whole,) = run.chunks(model, stream=False)
+        (whole_aligned,) = run.chunks(aligned_model(), stream=False)
+        for first_hop in [None, *args.first_hops]:
+            schedule = "default" if first_hop is None else f"first_hop={first_hop}"
+            chunks = streams[mode, schedule] = run.chunks(model, stream=True, first_hop=first_hop)
+            print(seam_row(mode, schedule, "engine", chunks, whole))
+            aligned = run.chunks(aligned_model(), stream=True, first_hop=first_hop)
+            print(seam_row(mode, schedule, "aligned excitation", aligned, whole_aligned))
+            vocoded = vocoder_only(model, voice, tokens, hops_of(chunks), args.seed)
+            print(seam_row(mode, schedule, "vocoder only", *vocoded))
+    print()
+    reference, *others = args.flow_cache
+    for (mode, schedule), chunks in streams.items():
+        if mode in others:
+            diffs = [np.abs(a - b).max() for a, b in zip(chunks, streams[reference, schedule], strict=True)]
+            per_chunk = ", ".join(f"{d:.2e}" for d in diffs)
+            print(f"{schedule}: max |{mode} - {reference}| per streamed chunk: {per_chunk}")
 
 
 if __name__ == "__main__":
