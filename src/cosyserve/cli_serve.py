@@ -40,7 +40,7 @@ def serve(
 ) -> None:
     """Run the speech server (OpenAI-compatible HTTP API, and gRPC)."""
     # Imported here so that other commands (and --help) do not pay for the server stack.
-    from cosyserve.modeldir.layout import ModelDir
+    from cosyserve.paths import require_model_dir
     from cosyserve.server.runner import run
     from cosyserve.settings import Settings
 
@@ -59,5 +59,6 @@ def serve(
         shutdown_grace_s=shutdown_grace,
         log_level=log_level,
     )
-    ModelDir.open(settings.model_dir)  # a wrong directory fails here, in one line
+    require_model_dir(settings.model_dir)  # a wrong path fails here, in one line
+
     run(settings)

@@ -21,14 +21,15 @@ import signal
 import socket
 from multiprocessing.connection import wait
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from cosyserve.errors import CosyserveError
-from cosyserve.server.app import create_app
-from cosyserve.server.runtime import ServerRuntime
 from cosyserve.settings import Settings
+
+if TYPE_CHECKING:
+    from cosyserve.server.runtime import ServerRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class ServerStartError(CosyserveError):
 class Server(uvicorn.Server):
     """uvicorn's server, draining the runtime on shutdown and logging the bound address."""
 
-    def __init__(self, config: uvicorn.Config, runtime: ServerRuntime) -> None:
+    def __init__(self, config: uvicorn.Config, runtime: "ServerRuntime") -> None:
         super().__init__(config)
         self.runtime = runtime
 
@@ -91,6 +92,9 @@ def run(settings: Settings) -> None:
 
 def _serve(settings: Settings, sock: socket.socket | None) -> bool:
     """Run one server process to its end; False if its start failed."""
+    # Imported here: a workers' supervisor never loads the model stack (torch) itself.
+    from cosyserve.server.app import create_app
+
     failed = False
 
     def on_fatal() -> None:
