@@ -1,0 +1,337 @@
+"""cosyserve's engine against upstream's ``CosyVoice2Model`` on the same model directory.
+
+One command (docs/benchmarks.md has the full-size one and its results):
+
+    .venv/bin/python benchmarks/upstream_engine.py --model-dir DIR [--tokens 150] [--streams 8]
+        [--prompt-seconds 3] [--json out.json]
+
+Both sides get the same synthetic zero-shot prompt (``--prompt-seconds`` of random prompt
+tokens, mel and embedding, and a transcript), the same text ids and exactly ``--tokens``
+speech tokens per request (upstream forced as upstream-cpu-baseline.md describes: min_len =
+max_len = N with all three stop ids masked). Each side runs in its own subprocess, so its
+peak RSS is its own, and measures, after one short warm-up request:
+
+1. non-streaming: wall time of one request;
+2. streaming: time to the first audio of one request (then the rest, to its end);
+3. ``--streams`` concurrent streams: audio seconds made per wall second (upstream: one
+   thread per stream calling ``tts``, as its servers do; ours: one asyncio task per
+   stream on one :class:`~cosyserve.engine.async_engine.AsyncEngine`);
+4. peak RSS of the whole process (loading included) and after loading.
+
+Upstream is the test-only reference (``cosyvoice-minicpmo``), built by
+``tests/pipeline/upstream_model.py`` with the stand-ins of ``tests/upstream.py``; it runs in
+fp32 on CPU with its own sampling (global RNG), so its tokens differ from ours; only the
+amount of work is the same. The report ends with the ratios against issue 4's targets.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # tests/ (the upstream stand-ins) is not an installed package
+    sys.path.insert(0, str(REPO))
+
+from cosyserve.bench.engine_bench import peak_rss_mb, reset_peak_rss  # noqa: E402
+from cosyserve.bench.workload import synthetic_text_ids, synthetic_voice  # noqa: E402
+from cosyserve.modeldir.layout import ModelDir  # noqa: E402
+from cosyserve.pipeline.voice import VoicePrompt  # noqa: E402
+
+WARM_UP_TOKENS = 10
+SIDES = ("upstream", "ours")
+# Issue 4: ours / upstream must be at most (or, for throughput, at least) these.
+TARGETS = {
+    "non_stream_s": ("<=", 1 / 4),
+    "first_audio_s": ("<=", 1 / 15),
+    "streams_audio_s_per_s": (">=", 5.0),
+    "peak_rss_mb": ("<=", 1.0),
+}
+
+
+# -- the workload, shared by both sides ------------------------------------------------------
+
+
+def workload(model_dir: Path, args: argparse.Namespace) -> tuple[VoicePrompt, list[tuple[int, ...]], int]:
+    """The voice, one text per request (1 + 1 + streams) and the model's sample rate."""
+    hp = ModelDir.open(model_dir).hparams()
+    voice = synthetic_voice(hp, args.prompt_seconds, seed=args.seed, name="bench")
+    texts = [synthetic_text_ids(hp, args.tokens, seed=args.seed + i) for i in range(2 + args.streams)]
+    return voice, texts, hp.sample_rate
+
+
+# -- upstream --------------------------------------------------------------------------------
+
+
+def run_upstream(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    from tests.pipeline.upstream_model import build_upstream_model, forced_length, full_mask_step
+
+    voice, texts, rate = workload(model_dir, args)
+    start = time.perf_counter()
+    model = build_upstream_model(model_dir)
+    load_s = time.perf_counter() - start
+    llm = model.llm
+    llm.llm.forward_one_step = full_mask_step(llm.llm)
+    original = llm.inference_wrapper, llm.sampling_ids
+
+    def force(tokens: int) -> None:
+        llm.inference_wrapper, llm.sampling_ids = original
+        llm.inference_wrapper, llm.sampling_ids = forced_length(llm, tokens)
+
+    def inputs(text: tuple[int, ...], stream: bool) -> dict[str, Any]:
+        speech = voice.speech_tokens.to(torch.int32)[None]
+        return {
+            "text": torch.tensor([text], dtype=torch.int32),
+            "flow_embedding": voice.embedding[None],
+            "llm_embedding": voice.embedding[None],
+            "prompt_text": torch.tensor([voice.prompt_text_ids], dtype=torch.int32),
+            "llm_prompt_speech_token": speech,
+            "flow_prompt_speech_token": speech,
+            "prompt_speech_feat": voice.mel[None],
+            "stream": stream,
+        }
+
+    def synthesize(text: tuple[int, ...], stream: bool) -> tuple[float, float, int]:
+        """(seconds to the first audio, seconds to the end, samples)."""
+        model.token_hop_len = 25  # upstream never resets it between calls (baseline, item 3)
+        begin = time.perf_counter()
+        first: float | None = None
+        samples = 0
+        for out in model.tts(**inputs(text, stream)):
+            first = first if first is not None else time.perf_counter() - begin
+            samples += int(out["tts_speech"].shape[-1])
+        total = time.perf_counter() - begin
+        return first if first is not None else total, total, samples
+
+    if args.warm_up:
+        force(WARM_UP_TOKENS)
+        synthesize(texts[0], stream=False)
+    force(args.tokens)
+    peaks = _loaded()
+    _progress("upstream: non-streaming")
+    _, non_stream_s, samples = synthesize(texts[0], stream=False)
+    _progress("upstream: streaming")
+    first_audio_s, stream_s, _ = synthesize(texts[1], stream=True)
+    _progress(f"upstream: {args.streams} streams on {args.streams} threads")
+    results: list[tuple[float, float, int]] = []
+
+    def worker(text: tuple[int, ...]) -> None:
+        results.append(synthesize(text, stream=True))
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in texts[2:]]
+    begin = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - begin
+    return _side_report(
+        load_s, non_stream_s, samples / rate, first_audio_s, stream_s,
+        sum(r[2] for r in results) / rate, wall, peaks,
+    )  # fmt: skip
+
+
+# -- ours ------------------------------------------------------------------------------------
+
+
+def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    from cosyserve.bench.workload import synthetic_spec
+    from cosyserve.engine.async_engine import AsyncEngine
+    from cosyserve.engine.config import EngineConfig
+    from cosyserve.engine.engine import Engine
+    from cosyserve.loader import load_model
+
+    voice, texts, rate = workload(model_dir, args)
+    start = time.perf_counter()
+    model = load_model(model_dir)
+    load_s = time.perf_counter() - start
+    config = EngineConfig(max_active=max(8, args.streams), max_waiting=args.streams)
+    engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config))
+    engine.start()
+    counter = iter(range(1_000_000))
+
+    async def synthesize(text: tuple[int, ...], stream: bool, tokens: int) -> tuple[float, float, int]:
+        spec = synthetic_spec(
+            f"r{next(counter)}", voice, text, tokens=tokens, seed=args.seed, stream=stream,
+            first_hop=args.first_hop if stream else None,
+        )  # fmt: skip
+        begin = time.perf_counter()
+        first: float | None = None
+        samples = 0
+        async for chunk in engine.generate(spec):
+            if first is None and chunk.audio.size:
+                first = time.perf_counter() - begin
+            samples += int(chunk.audio.size)
+        total = time.perf_counter() - begin
+        return first if first is not None else total, total, samples
+
+    async def streams() -> tuple[float, int]:
+        begin = time.perf_counter()
+        results = await asyncio.gather(*(synthesize(t, True, args.tokens) for t in texts[2:]))
+        return time.perf_counter() - begin, sum(r[2] for r in results)
+
+    try:
+        if args.warm_up:
+            asyncio.run(synthesize(texts[0], False, WARM_UP_TOKENS))
+        peaks = _loaded()
+        _progress("ours: non-streaming")
+        _, non_stream_s, samples = asyncio.run(synthesize(texts[0], False, args.tokens))
+        _progress("ours: streaming")
+        first_audio_s, stream_s, _ = asyncio.run(synthesize(texts[1], True, args.tokens))
+        _progress(f"ours: {args.streams} concurrent streams")
+        wall, stream_samples = asyncio.run(streams())
+    finally:
+        engine.shutdown()
+    return _side_report(
+        load_s, non_stream_s, samples / rate, first_audio_s, stream_s, stream_samples / rate, wall, peaks
+    )
+
+
+# -- the two processes and the report --------------------------------------------------------
+
+
+def _loaded() -> tuple[float, bool]:
+    """After loading and warming up: the peak RSS so far, and whether the kernel's peak
+    mark could be reset to measure the peak from here on."""
+    return peak_rss_mb(), reset_peak_rss()
+
+
+def _side_report(
+    load_s: float,
+    non_stream_s: float,
+    audio_s: float,
+    first_audio_s: float,
+    stream_s: float,
+    streams_audio_s: float,
+    streams_wall_s: float,
+    peaks: tuple[float, bool],
+) -> dict[str, Any]:
+    load_peak, reset = peaks
+    after_load = peak_rss_mb()  # since the reset, or since the start if there was none
+    return {
+        "load_s": load_s,
+        "non_stream_s": non_stream_s,
+        "audio_s": audio_s,
+        "first_audio_s": first_audio_s,
+        "stream_total_s": stream_s,
+        "streams_wall_s": streams_wall_s,
+        "streams_audio_s_per_s": streams_audio_s / streams_wall_s,
+        "peak_rss_mb": max(load_peak, after_load),
+        "peak_rss_after_load_mb": after_load if reset else None,
+        "load_average_after": os.getloadavg(),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def _progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _worker(args: argparse.Namespace) -> None:
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    run = run_upstream if args.worker == "upstream" else run_ours
+    print(json.dumps(run(args.model_dir, args)))
+
+
+def _run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", side]
+    command += [
+        "--model-dir",
+        str(args.model_dir),
+        "--tokens",
+        str(args.tokens),
+        "--streams",
+        str(args.streams),
+    ]
+    command += ["--prompt-seconds", str(args.prompt_seconds), "--seed", str(args.seed)]
+    if args.threads is not None:
+        command += ["--threads", str(args.threads)]
+    if args.first_hop is not None:
+        command += ["--first-hop", str(args.first_hop)]
+    if not args.warm_up:
+        command.append("--no-warm-up")
+    load_before = os.getloadavg()
+    done = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    report["load_average_before"] = load_before
+    return report
+
+
+def _ratios(reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for key, (relation, target) in TARGETS.items():
+        ratio = reports["ours"][key] / reports["upstream"][key]
+        met = ratio <= target if relation == "<=" else ratio >= target
+        out[key] = {"ratio": ratio, "target": f"{relation} {target:.4g}", "met": met}
+    return out
+
+
+def _table(reports: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]] | None) -> str:
+    rows = [
+        ("non-streaming wall (s)", "non_stream_s", "{:.2f}"),
+        ("streaming: first audio (s)", "first_audio_s", "{:.2f}"),
+        ("streaming: whole request (s)", "stream_total_s", "{:.2f}"),
+        ("concurrent streams: audio s/s", "streams_audio_s_per_s", "{:.3f}"),
+        ("peak RSS, whole process (MiB)", "peak_rss_mb", "{:.0f}"),
+        ("peak RSS after load (MiB)", "peak_rss_after_load_mb", "{:.0f}"),
+        ("model load (s)", "load_s", "{:.1f}"),
+    ]
+    sides = [s for s in SIDES if s in reports]
+    lines = ["| measure | " + " | ".join(sides) + (" | ours / upstream | target | met |" if ratios else " |")]
+    lines.append("|---|" + "---:|" * len(sides) + ("---:|---|---|" if ratios else ""))
+    for label, key, fmt in rows:
+        cells = [fmt.format(reports[s][key]) if reports[s].get(key) is not None else "n/a" for s in sides]
+        line = f"| {label} | " + " | ".join(cells) + " |"
+        if ratios:
+            r = ratios.get(key)
+            line += f" {r['ratio']:.3f} | {r['target']} | {'yes' if r['met'] else 'NO'} |" if r else " | | |"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--tokens", type=int, default=150, help="speech tokens forced per request")
+    parser.add_argument("--streams", type=int, default=8, help="concurrent streams")
+    parser.add_argument("--prompt-seconds", type=float, default=3.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--first-hop", type=int, default=None, help="ours only (default: upstream's hop)")
+    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
+    parser.add_argument("--sides", default="upstream,ours", help="comma-separated: upstream, ours")
+    parser.add_argument("--json", type=Path, default=None, help="write the reports and ratios here")
+    parser.add_argument("--worker", choices=SIDES, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        _worker(args)
+        return
+    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    if not sides or any(s not in SIDES for s in sides):
+        parser.error(f"--sides takes {', '.join(SIDES)}")
+    uptime = Path("/proc/loadavg").read_text().strip() if Path("/proc/loadavg").exists() else "n/a"
+    _progress(f"load average before: {uptime}")
+    reports = {side: _run_side(side, args) for side in sides}
+    ratios = _ratios(reports) if len(reports) == 2 else None
+    print(
+        f"{args.tokens} tokens ({args.tokens / 25:.2f} s of audio) per request, {args.streams} streams, "
+        f"{args.prompt_seconds:g} s prompt; /proc/loadavg before: {uptime}"
+    )
+    print(_table(reports, ratios), end="")
+    if args.json is not None:
+        settings = vars(args) | {"model_dir": str(args.model_dir), "json": str(args.json)}
+        summary = {"args": settings, "loadavg_before": uptime, "reports": reports, "ratios": ratios}
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
