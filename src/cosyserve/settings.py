@@ -40,6 +40,10 @@ def _default_voices_db() -> Path:
     return cache_dir() / "voices.sqlite3"
 
 
+def _default_audio_cache_dir() -> Path:
+    return cache_dir() / "audio"
+
+
 class Settings(BaseSettings):
     """Everything ``cosyserve serve`` can be told. Build with :meth:`load`."""
 
@@ -83,6 +87,19 @@ class Settings(BaseSettings):
         2, ge=1, le=64, description="Threads for CPU request preparation (text, prompt features)."
     )
     log_level: LogLevel = Field("info", description="Log level of the server process(es).")
+    verify_model: bool = Field(
+        True,
+        description="At start, check every model file's sha256 against manifest.sha256 (a few "
+        "seconds for the full model); false only checks that the listed files are there.",
+    )
+    audio_cache_mb: int = Field(
+        0, ge=0, description="Size cap of the cache of non-streaming results with a seed, in MiB; 0: off."
+    )
+    audio_cache_dir: Path = Field(
+        default_factory=_default_audio_cache_dir,
+        description="Audio cache directory, wiped at start; a tmpfs is best (e.g. /dev/shm/cosyserve-audio).",
+    )
+    audio_cache_ttl_s: float = Field(3600.0, gt=0, description="Seconds an audio cache entry is served.")
 
     @classmethod
     def settings_customise_sources(

@@ -26,13 +26,13 @@ from cosyserve.modeldir.layout import (
     FLOW_FILE,
     HIFT_FILE,
     LLM_FILE,
-    MANIFEST_FILE,
     QWEN_DIR,
     SPEAKER_EMBED_DIM,
     SPEECH_TOKENIZER_FILE,
     SPK2INFO_FILE,
     YAML_FILE,
 )
+from cosyserve.modeldir.manifest import write_manifest
 from cosyserve.modeldir.presets import PRESETS
 from cosyserve.modeldir.qwen_files import write_qwen_config, write_qwen_weights, write_tokenizer_files
 from cosyserve.modeldir.yamlwrite import render_yaml
@@ -47,7 +47,6 @@ logger = logging.getLogger(__name__)
 # Upstream's v1 SFT speaker names; CosyVoice2-0.5B ships none, but a built-in speaker
 # lets the sft path be exercised.
 SPEAKERS = ("中文女", "英文男")
-_HASH_CHUNK = 1 << 20
 _DIR_MODE = 0o755
 _FILE_MODE = 0o644
 
@@ -127,7 +126,7 @@ def _write_all(root: Path, hp: ModelHParams, seed: int) -> None:
         root / SPEECH_TOKENIZER_FILE,
     )
     _write_spk2info(root / SPK2INFO_FILE, derive_seed(seed, "spk2info"))
-    _write_manifest(root)
+    write_manifest(root)  # last: it covers every other file
     _make_readable(root)
 
 
@@ -152,23 +151,8 @@ def _write_spk2info(path: Path, seed: int) -> None:
     torch.save(table, path)
 
 
-def _write_manifest(root: Path) -> None:
-    """``sha256sum``-compatible checksums of every file, relative paths, sorted."""
-    names = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-    lines = [f"{_sha256(root / name)}  {name}\n" for name in names]
-    (root / MANIFEST_FILE).write_text("".join(lines), encoding="utf-8")
-
-
 def _make_readable(root: Path) -> None:
     # mkdtemp creates the staging directory 0700 and some writers create 0600 files; a
     # model directory is shared read-only data, like a downloaded one.
     for path in [root, *root.rglob("*")]:
         path.chmod(_DIR_MODE if path.is_dir() else _FILE_MODE)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()

@@ -1,7 +1,8 @@
 """The HTTP app factory: ``create_app(settings)`` builds a FastAPI app with no module state.
 
 The lifespan starts the :class:`~cosyserve.server.runtime.ServerRuntime` in the background
-(model loading, engine thread, voice store, warm-up), so ``/health`` answers at once and
+(model directory check and audio cache, :mod:`~cosyserve.server.preflight`; then model
+loading, engine thread, voice store, warm-up), so ``/health`` answers at once and
 ``/ready`` turns 200 when synthesis is possible. Routes, wire models and the service live
 in their own modules; routes reach the service through ``request.app.state.service``.
 """
@@ -13,7 +14,9 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 
+from cosyserve.errors import CosyserveError
 from cosyserve.server import (
+    preflight,
     routes_health,
     routes_openai,
     routes_tts,
@@ -23,7 +26,7 @@ from cosyserve.server import (
 )
 from cosyserve.server.body_limit import BodySizeLimit
 from cosyserve.server.http_errors import install_error_handlers
-from cosyserve.server.runtime import ServerRuntime
+from cosyserve.server.runtime import Phase, ServerRuntime
 from cosyserve.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -37,7 +40,17 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async def start() -> None:
+            try:
+                audio_cache = await asyncio.to_thread(preflight.prepare, settings)
+            except (CosyserveError, OSError) as exc:
+                logger.error("server start failed: %s", exc)
+                runtime.phase = Phase.FAILED
+                if on_fatal is not None:
+                    on_fatal()
+                return
             await runtime.start()
+            if runtime.service is not None:
+                runtime.service.audio_cache = audio_cache
             app.state.service = runtime.service if runtime.ready else None
 
         starting = asyncio.create_task(start(), name="cosyserve-start")

@@ -8,6 +8,8 @@ subclasses to status codes in :mod:`cosyserve.server.error_map`.
 """
 
 import asyncio
+import dataclasses
+import hashlib
 import logging
 import re
 import uuid
@@ -23,6 +25,7 @@ from cosyserve.loader import LoadedModel
 from cosyserve.pipeline.frontend import Frontend, UnknownSpeakerError
 from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
 from cosyserve.pipeline.voice import VoicePrompt
+from cosyserve.server.audio_cache import AudioCache
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +112,8 @@ class SpeechService:
         self.voices = voices
         self.limits = limits or ServiceLimits()
         self.frontend = Frontend(model)
+        # Set by the app when the audio cache is configured (see server/preflight.py).
+        self.audio_cache: AudioCache | None = None
         self._executor = ThreadPoolExecutor(frontend_threads, thread_name_prefix="cosyserve-frontend")
         self._in_flight = 0
 
@@ -137,9 +142,21 @@ class SpeechService:
 
     async def synthesize(self, params: SpeechParams) -> AsyncGenerator[AudioChunk, None]:
         """Admit, prepare and stream one request's audio (float32 mono at
-        :attr:`sample_rate`). Stopping the iteration early aborts the request."""
+        :attr:`sample_rate`). Stopping the iteration early aborts the request.
+
+        A non-streaming request with a seed is answered from :attr:`audio_cache` when it
+        holds the same request, and stored there once its synthesis completes."""
         self.admit()
         try:
+            cache = self.audio_cache if not params.stream and params.options.seed is not None else None
+            key = None if cache is None else await self._run(self._cache_key, cache, params)
+            if cache is not None and key is not None:
+                cached = await self._run(cache.get, key)
+                if cached is not None:
+                    for chunk in cached:
+                        yield chunk
+                    return
+            made: list[AudioChunk] = []
             loop = asyncio.get_running_loop()
             deadline = None if self.limits.deadline_s is None else loop.time() + self.limits.deadline_s
             request = await self._run(self._request, params)
@@ -153,9 +170,13 @@ class SpeechService:
                     try:
                         chunk = await asyncio.wait_for(anext(chunks), remaining)
                     except StopAsyncIteration:
+                        if cache is not None and key is not None:
+                            await self._run(cache.put, key, made)
                         return
                     except TimeoutError:
                         raise DeadlineExceededError("the request ran past its deadline") from None
+                    if key is not None:
+                        made.append(chunk)
                     yield chunk
             finally:
                 await chunks.aclose()  # aborts the engine request if it is still running
@@ -180,6 +201,35 @@ class SpeechService:
             source_speech_tokens=source,
             stream=params.stream,
             options=params.options,
+        )
+
+    def _cache_key(self, cache: AudioCache, params: SpeechParams) -> str | None:
+        """The cache key of ``params``, or None for a voice that does not resolve (the
+        synthesis path reports that). Voices are keyed by content: a registered voice
+        deleted and registered again under its name with other audio gets a new key."""
+        voice: dict[str, str]
+        if params.prompt_audio is not None:
+            voice = {"audio": hashlib.sha256(params.prompt_audio).hexdigest(), "text": params.prompt_text}
+        elif params.voice and _VOICE_NAME.fullmatch(params.voice):
+            registered = self.voices.get(params.voice)
+            if registered is not None:
+                voice = {"registered": hashlib.sha256(registered.to_bytes()).hexdigest()}
+            elif params.voice in self.model.speakers:
+                voice = {"builtin": params.voice}
+            else:
+                return None
+        else:
+            return None
+        source = None if params.source_audio is None else hashlib.sha256(params.source_audio).hexdigest()
+        return cache.key(
+            {
+                "text": params.text,
+                "voice": voice,
+                "instruct": params.instruct,
+                "source": source,
+                "mode": None if params.mode is None else params.mode.value,
+                "options": dataclasses.asdict(params.options),
+            }
         )
 
     # -- voices -----------------------------------------------------------------------------

@@ -1,0 +1,22 @@
+"""What a server process does before it loads the model: check the model directory
+against its manifest, and open (wipe) the audio cache keyed by the directory's fingerprint.
+
+Runs in the app's background start, so ``/health`` answers meanwhile; hashing the full
+3.3 GB directory is the slow part (see ``verify_model`` in :mod:`cosyserve.settings`).
+"""
+
+from cosyserve.modeldir.preflight import check_model_dir
+from cosyserve.server.audio_cache import AudioCache
+from cosyserve.settings import Settings
+
+
+def prepare(settings: Settings) -> AudioCache | None:
+    """Raise :class:`~cosyserve.errors.ModelDirError` (one line naming the files at fault,
+    and the command that fixes it) for a missing or tampered model directory; return the
+    audio cache, or None when it is off (``audio_cache_mb`` 0). Blocking: run in a thread."""
+    fingerprint = check_model_dir(settings.model_dir, verify_hashes=settings.verify_model)
+    if settings.audio_cache_mb == 0:
+        return None
+    return AudioCache.open(
+        settings.audio_cache_dir, settings.audio_cache_mb << 20, settings.audio_cache_ttl_s, fingerprint
+    )
