@@ -37,6 +37,10 @@ def serve(
         float | None, typer.Option(help="Seconds in-flight requests get on SIGTERM.")
     ] = None,
     log_level: Annotated[str | None, typer.Option(help="critical|error|warning|info|debug.")] = None,
+    log_format: Annotated[str | None, typer.Option(help="json|text [default: json].")] = None,
+    log_text_chars: Annotated[
+        int | None, typer.Option(help="Characters of request text in the log [default: 0].")
+    ] = None,
 ) -> None:
     """Run the speech server (OpenAI-compatible HTTP API, and gRPC)."""
     # Imported here so that other commands (and --help) do not pay for the server stack.
@@ -58,6 +62,8 @@ def serve(
         voices_db=voices_db,
         shutdown_grace_s=shutdown_grace,
         log_level=log_level,
+        log_format=log_format,
+        log_text_chars=log_text_chars,
     )
     require_model_dir(settings.model_dir)  # a wrong path fails here, in one line
 

@@ -87,6 +87,26 @@ class Settings(BaseSettings):
         2, ge=1, le=64, description="Threads for CPU request preparation (text, prompt features)."
     )
     log_level: LogLevel = Field("info", description="Log level of the server process(es).")
+    log_format: Literal["json", "text"] = Field(
+        "json", description='Server log lines: "json" (one object a line) or "text" (human-readable).'
+    )
+    log_text_chars: int = Field(
+        0, ge=0, le=10_000, description="Characters of a request's text in its summary log line; 0: none."
+    )
+    memory_watch_interval_s: float = Field(
+        30.0, ge=0, description="Seconds between idle memory samples (RSS, CUDA); 0: no watchdog."
+    )
+    memory_watch_window: int = Field(10, ge=2, le=10_000, description="Samples a memory trend is judged on.")
+    memory_growth_warn_mb: int = Field(
+        512, ge=1, description="Sustained growth over the window, in MiB, that is logged as a warning."
+    )
+    cuda_alloc_conf: str = Field(
+        "expandable_segments:True",
+        description="PYTORCH_CUDA_ALLOC_CONF for the process unless that variable is set; empty: leave it.",
+    )
+    cuda_empty_cache_when_idle: bool = Field(
+        False, description="Return the CUDA allocator's unused blocks to the device at each idle sample."
+    )
     verify_model: bool = Field(
         True,
         description="At start, check every model file's sha256 against manifest.sha256 (a few "

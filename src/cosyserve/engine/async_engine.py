@@ -145,7 +145,10 @@ class AsyncEngine:
                     for out in self.engine.step():
                         self._deliver(out)
         except BaseException as exc:  # the loop itself broke: the engine is unusable
-            logger.exception("engine thread died")
+            logger.exception(
+                "engine thread died: every request fails with engine_dead and /ready answers 503; "
+                "restart the process (a device error may need the GPU checked first)"
+            )
             self.error = exc
         finally:
             self._fail_all(EngineDeadError("the synthesis engine stopped"))

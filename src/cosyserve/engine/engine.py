@@ -9,6 +9,7 @@ from collections.abc import Callable
 from functools import partial
 
 import numpy as np
+import torch
 
 from cosyserve.engine.config import EngineConfig
 from cosyserve.engine.lm_runner import LMRunner, NumericalError
@@ -24,6 +25,7 @@ from cosyserve.engine.scheduler import Scheduler
 from cosyserve.engine.stats import EngineStats
 from cosyserve.engine.token2wav import Token2Wav
 from cosyserve.errors import CosyserveError, InvalidRequestError
+from cosyserve.logging_setup import request_scope
 from cosyserve.models.flow.flow import Flow
 from cosyserve.models.hift.generator import HiFTGenerator
 from cosyserve.models.kv_cache import KVCache
@@ -39,6 +41,12 @@ class InternalError(CosyserveError):
     """An unexpected failure while running a request; details go to the log only."""
 
     code = "internal_error"
+
+
+class DeviceOutOfMemoryError(CosyserveError):
+    """The device ran out of memory during this request; it failed, the others go on."""
+
+    code = "out_of_memory"
 
 
 class Engine:
@@ -179,18 +187,29 @@ class Engine:
         """Run one request's piece of work; its failure fails that request only."""
         if request.id not in self._requests:
             return
-        try:
-            work()
-        except CosyserveError as exc:
-            self._fail(request, exc, outputs)
-        except Exception:
-            logger.exception("request %s failed", request.id)
-            self._fail(request, InternalError("synthesis failed"), outputs)
+        with request_scope(request.spec.log_id or request.id):
+            try:
+                work()
+            except CosyserveError as exc:
+                self._fail(request, exc, outputs)
+            except torch.OutOfMemoryError:
+                logger.error(
+                    "request %s ran out of device memory: it fails (503), its memory is freed", request.id
+                )
+                self._fail(request, DeviceOutOfMemoryError("out of device memory; retry later"), outputs)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()  # return the failed request's blocks to the device
+            except torch.AcceleratorError:
+                raise  # the device itself is broken: the engine loop stops (engine_dead)
+            except Exception:
+                logger.exception("request %s failed", request.id)
+                self._fail(request, InternalError("synthesis failed"), outputs)
 
     def _fail(self, request: Request, error: CosyserveError, outputs: list[StepOutput]) -> None:
         if self._requests.pop(request.id, None) is None:
             return
         self._release(request)
+        self.stats.failures[error.code] = self.stats.failures.get(error.code, 0) + 1
         outputs.append(StepOutput(request.id, finished=True, error=error))
 
     def _start_lm(self, request: Request) -> None:

@@ -34,7 +34,8 @@ class GenerationSpec:
     lm_prompt_speech``. Flow prompt: ``flow_prompt_tokens`` (P,) long, ``flow_prompt_mel``
     (2P, 80) float32 (P = 0 without a prompt), ``embedding`` (192,) float32.
     ``min_tokens``/``max_tokens`` force the per-segment token count (None: upstream's
-    limits from the text length).
+    limits from the text length). ``log_id``: the id its log lines carry (the HTTP
+    request id; empty: ``request_id``).
     """
 
     request_id: str
@@ -50,6 +51,7 @@ class GenerationSpec:
     first_hop: int | None = None
     min_tokens: int | None = None
     max_tokens: int | None = None
+    log_id: str = ""
 
 
 class Phase(Enum):

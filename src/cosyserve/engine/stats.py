@@ -6,7 +6,7 @@ The engine thread is the only writer; readers take a :meth:`EngineStats.snapshot
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
@@ -24,6 +24,7 @@ class EngineStats:
     hift_calls: int = 0
     audio_samples: int = 0
     last_decode_batch: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # failed requests by error code
 
     @contextmanager
     def timed(self, stage: str) -> Iterator[None]:
@@ -35,4 +36,4 @@ class EngineStats:
             setattr(self, f"{stage}_s", getattr(self, f"{stage}_s") + time.perf_counter() - start)
 
     def snapshot(self) -> "EngineStats":
-        return replace(self)
+        return replace(self, failures=dict(self.failures))

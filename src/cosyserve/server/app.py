@@ -10,6 +10,7 @@ in their own modules; routes reach the service through ``request.app.state.servi
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
@@ -26,7 +27,11 @@ from cosyserve.server import (
 )
 from cosyserve.server.body_limit import BodySizeLimit
 from cosyserve.server.http_errors import install_error_handlers
+from cosyserve.server.metrics import ServerMetrics
+from cosyserve.server.metrics import router as metrics_router
+from cosyserve.server.request_context import RequestContextMiddleware
 from cosyserve.server.runtime import Phase, ServerRuntime
+from cosyserve.server.watchdog import MemoryWatchdog, WatchdogConfig
 from cosyserve.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -35,6 +40,8 @@ logger = logging.getLogger(__name__)
 def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -> FastAPI:
     """The HTTP app of one server process. ``on_fatal`` is called if the start fails
     (model cannot load, ...); without it the process stays up and ``/ready`` says failed."""
+    _apply_cuda_alloc_conf(settings)
+    metrics = ServerMetrics(lambda: runtime.service)
     runtime = ServerRuntime(settings, on_fatal)
 
     @contextlib.asynccontextmanager
@@ -54,10 +61,13 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
             app.state.service = runtime.service if runtime.ready else None
 
         starting = asyncio.create_task(start(), name="cosyserve-start")
+        watching = _start_watchdog(settings, metrics, runtime)
         try:
             yield
         finally:
             app.state.service = None
+            if watching is not None:
+                watching.cancel()
             starting.cancel()
             await asyncio.gather(starting, return_exceptions=True)
             await runtime.stop()
@@ -69,6 +79,7 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     )
     app.state.runtime = runtime
     app.state.service = None
+    app.state.metrics = metrics
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_upload_bytes)
     app.include_router(routes_health.router)
@@ -77,4 +88,34 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     app.include_router(routes_upstream.router)
     app.include_router(routes_voices.router)
     app.include_router(routes_ws.router)
+    app.include_router(metrics_router)
+    # Outermost: every response (errors from inner middleware included) gets the request id.
+    app.add_middleware(RequestContextMiddleware, metrics=metrics, log_text_chars=settings.log_text_chars)
     return app
+
+
+def _apply_cuda_alloc_conf(settings: Settings) -> None:
+    """Set the CUDA allocator's configuration before anything initialises CUDA; an
+    operator's own PYTORCH_CUDA_ALLOC_CONF wins."""
+    if settings.cuda_alloc_conf:
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", settings.cuda_alloc_conf)
+
+
+def _start_watchdog(
+    settings: Settings, metrics: ServerMetrics, runtime: ServerRuntime
+) -> "asyncio.Task[None] | None":
+    """The memory watchdog task (None when ``memory_watch_interval_s`` is 0)."""
+    if not settings.memory_watch_interval_s:
+        return None
+    config = WatchdogConfig(
+        interval_s=settings.memory_watch_interval_s,
+        window=settings.memory_watch_window,
+        warn_growth_bytes=settings.memory_growth_warn_mb * 1024 * 1024,
+        empty_cache_when_idle=settings.cuda_empty_cache_when_idle,
+    )
+
+    def idle() -> bool:
+        return runtime.service is not None and runtime.service.in_flight == 0
+
+    watchdog = MemoryWatchdog(config, metrics, idle)
+    return asyncio.create_task(watchdog.run(), name="cosyserve-memory-watchdog")

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from cosyserve.engine.async_engine import EngineDeadError
+from cosyserve.engine.engine import DeviceOutOfMemoryError
 from cosyserve.engine.scheduler import OverloadedError
 from cosyserve.errors import CosyserveError, InvalidRequestError
 from cosyserve.models.kv_cache import CacheFullError
@@ -88,6 +89,7 @@ _RULES: tuple[tuple[type[CosyserveError], _Rule], ...] = (
     (CacheFullError, _Rule(429, grpc.StatusCode.RESOURCE_EXHAUSTED, "rate_limit_error", retry=True)),
     (DeadlineExceededError, _Rule(504, grpc.StatusCode.DEADLINE_EXCEEDED, "timeout_error")),
     (EngineDeadError, _Rule(503, grpc.StatusCode.UNAVAILABLE, "server_error", retry=True)),
+    (DeviceOutOfMemoryError, _Rule(503, grpc.StatusCode.UNAVAILABLE, "server_error", retry=True)),
     (NotReadyError, _Rule(503, grpc.StatusCode.UNAVAILABLE, "server_error", retry=True)),
 )
 _INTERNAL = _Rule(500, grpc.StatusCode.INTERNAL, "server_error")

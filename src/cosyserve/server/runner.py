@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from cosyserve.errors import CosyserveError
+from cosyserve.logging_setup import log_config
 from cosyserve.settings import Settings
 
 if TYPE_CHECKING:
@@ -33,8 +34,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-_UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
 # Seconds uvicorn waits beyond the grace period before cancelling response tasks itself.
 _BACKSTOP_S = 5
 # Exit status of a worker whose start failed (model could not load, ...).
@@ -155,20 +154,8 @@ def _uvicorn_config(settings: Settings, app: Any = None) -> uvicorn.Config:
         app,
         host=settings.host,
         port=settings.port,
-        log_config=log_config(settings.log_level),
+        log_config=log_config(settings.log_level, settings.log_format),
+        access_log=False,  # the request summary line replaces it (no query strings: user text)
         log_level=settings.log_level,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s) + _BACKSTOP_S,
     )
-
-
-def log_config(level: str) -> dict[str, Any]:
-    """One stderr handler on the root logger; uvicorn's loggers propagate to it. Applied by
-    uvicorn in every process, workers included (they never run the CLI's root command)."""
-    return {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "formatters": {"plain": {"format": _LOG_FORMAT}},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
-        "root": {"handlers": ["stderr"], "level": level.upper()},
-        "loggers": {name: {"handlers": [], "propagate": True} for name in _UVICORN_LOGGERS},
-    }

@@ -8,6 +8,7 @@ subclasses to status codes in :mod:`cosyserve.server.error_map`.
 """
 
 import asyncio
+import contextvars
 import dataclasses
 import hashlib
 import logging
@@ -15,17 +16,20 @@ import re
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Protocol, TypeVar
 
 from cosyserve.engine.async_engine import AsyncEngine, AudioChunk
 from cosyserve.engine.scheduler import OverloadedError
 from cosyserve.errors import CosyserveError, InvalidRequestError
 from cosyserve.loader import LoadedModel
+from cosyserve.logging_setup import current_request_id
 from cosyserve.pipeline.frontend import Frontend, UnknownSpeakerError
 from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
 from cosyserve.pipeline.voice import VoicePrompt
 from cosyserve.server.audio_cache import AudioCache
+from cosyserve.server.request_context import current_record
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +145,25 @@ class SpeechService:
         self._in_flight -= 1
 
     async def synthesize(self, params: SpeechParams) -> AsyncGenerator[AudioChunk, None]:
+        """:meth:`_synthesize`, noting voice, text and audio in the HTTP request's record
+        (its summary log line and metrics)."""
+        record = current_record()
+        if record is None:
+            async for chunk in self._synthesize(params):
+                yield chunk
+            return
+        record.voice = params.voice or ("prompt_audio" if params.prompt_audio is not None else None)
+        record.text = params.text
+        record.characters = len(params.text)
+        try:
+            async for chunk in self._synthesize(params):
+                record.add_audio(chunk.audio.size, self.sample_rate)
+                yield chunk
+        except CosyserveError as exc:
+            record.error = exc.code
+            raise
+
+    async def _synthesize(self, params: SpeechParams) -> AsyncGenerator[AudioChunk, None]:
         """Admit, prepare and stream one request's audio (float32 mono at
         :attr:`sample_rate`). Stopping the iteration early aborts the request.
 
@@ -161,6 +184,7 @@ class SpeechService:
             deadline = None if self.limits.deadline_s is None else loop.time() + self.limits.deadline_s
             request = await self._run(self._request, params)
             spec = await self._run(self.frontend.build_spec, request, uuid.uuid4().hex)
+            spec = replace(spec, log_id=current_request_id())  # engine log lines carry the request id
             chunks = self.engine.generate(spec)
             try:
                 while True:
@@ -264,7 +288,10 @@ class SpeechService:
             raise UnknownSpeakerError(f"unknown voice {name!r}")
 
     async def _run(self, fn: Callable[..., _T], *args: object) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        context = contextvars.copy_context()  # the work's log lines keep the request id
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, partial(context.run, fn, *args)
+        )
 
 
 def check_voice_name(name: str) -> None:
