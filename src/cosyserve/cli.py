@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from cosyserve import cli_bench, cli_ops, cli_serve, cli_synth
+from cosyserve import cli_auth, cli_bench, cli_ops, cli_serve, cli_synth
 from cosyserve.errors import CosyserveError
 
 EXIT_ERROR = 2
@@ -89,7 +89,7 @@ def _human(n: int) -> str:
     return f"{value:.2f} GiB"
 
 
-for _module in (cli_synth, cli_serve, cli_bench, cli_ops):
+for _module in (cli_synth, cli_serve, cli_bench, cli_ops, cli_auth):
     _module.register(app)
 
 

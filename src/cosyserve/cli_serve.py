@@ -41,6 +41,9 @@ def serve(
     log_text_chars: Annotated[
         int | None, typer.Option(help="Characters of request text in the log [default: 0].")
     ] = None,
+    auth_mode: Annotated[
+        str | None, typer.Option(help="on: credentials required (auth_* settings); none: open [default: on].")
+    ] = None,
 ) -> None:
     """Run the speech server (OpenAI-compatible HTTP API, and gRPC)."""
     # Imported here so that other commands (and --help) do not pay for the server stack.
@@ -64,6 +67,7 @@ def serve(
         log_level=log_level,
         log_format=log_format,
         log_text_chars=log_text_chars,
+        auth_mode=auth_mode,
     )
     require_model_dir(settings.model_dir)  # a wrong path fails here, in one line
 

@@ -76,6 +76,43 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(
         10 * 1024 * 1024, ge=1024, description="Largest request body (prompt audio uploads); 413 past it."
     )
+    # Access control (cosyserve.server.auth): on unless auth_mode = "none" is set explicitly.
+    auth_mode: Literal["on", "none"] = Field(
+        "on", description='"on": every route but /health and /ready needs a credential; "none": open.'
+    )
+    auth_api_keys: str = Field(
+        "", description="API keys as comma-separated name:hash entries (`cosyserve auth hash-key`)."
+    )
+    auth_api_keys_file: str = Field("", description="File of name:hash API key entries, one a line.")
+    auth_basic_users: str = Field("", description="HTTP Basic users as comma-separated user:hash entries.")
+    auth_basic_users_file: str = Field("", description="File of user:hash Basic entries, one a line.")
+    auth_jwks: str = Field("", description="JWKS of the OIDC/JWT issuer: an https:// URL or a file path.")
+    auth_jwt_issuer: str = Field("", description="Required JWT issuer (iss).")
+    auth_jwt_audience: str = Field("", description="Required JWT audience (aud).")
+    auth_jwt_algorithms: str = Field("RS256,ES256", description="Accepted JWT algorithms, comma-separated.")
+    auth_jwks_refresh_s: float = Field(300.0, gt=0, description="Seconds the fetched key set is used.")
+    auth_gateway_header: str = Field("", description="Identity header set by a trusted gateway.")
+    auth_gateway_trusted: str = Field(
+        "", description="Gateway addresses/CIDR networks, comma-separated; the header counts only from them."
+    )
+    auth_metrics: bool = Field(True, description="Whether /metrics needs a credential too.")
+    auth_voice_admins: str = Field(
+        "", description="Identities that may add/delete voices, comma-separated; empty: all authenticated."
+    )
+    rate_limit_rpm: float = Field(0.0, ge=0, description="Requests per minute per identity; 0: no limit.")
+    rate_limit_audio_s: float = Field(
+        0.0, ge=0, description="Seconds of synthesized audio per minute per identity; 0: no limit."
+    )
+    # Input guard (cosyserve.server.guard).
+    sensitive_words_file: str = Field(
+        "", description="Sensitive words or phrases, one a line; reloaded on SIGHUP. Empty: none."
+    )
+    sensitive_words_action: Literal["reject", "mask"] = Field(
+        "reject", description='"reject": the request fails (400 blocked_content); "mask": words become "*".'
+    )
+    max_prompt_audio_s: float = Field(
+        30.0, gt=0, le=30.0, description="Longest prompt or voice recording, seconds (upstream's limit: 30)."
+    )
     voices_db: Path = Field(
         default_factory=_default_voices_db,
         description="SQLite file of registered voices (default ~/.cache/cosyserve/voices.sqlite3).",

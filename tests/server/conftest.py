@@ -61,6 +61,7 @@ def server_args(model_dir: Path, tmp: Path, **settings: object) -> list[str]:
         "grpc_port": 0,
         "voices_db": tmp / "voices.sqlite3",
         "shutdown_grace": 5,
+        "auth_mode": "none",  # auth is on by default; tests/server/auth/ turn it on explicitly
         **settings,
     }
     args: list[str] = []

@@ -121,7 +121,10 @@ def test_registered_voices_survive_a_restart(server: ServerProcess, tiny_model_d
         assert register(server.url, name, prompt_wav(seed=4), transcript).status_code == 201
         expected[name] = (listed(server.url)[name], speech(server, name, seed=3).content)
     settings = Settings.load(
-        model_dir=tiny_model_dir, voices_db=server.log_path.parent / "voices.sqlite3", grpc_port=0
+        model_dir=tiny_model_dir,
+        voices_db=server.log_path.parent / "voices.sqlite3",
+        grpc_port=0,
+        auth_mode="none",
     )
     with TestClient(create_app(settings)) as client:
         deadline = time.monotonic() + 120

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
@@ -25,7 +26,11 @@ from cosyserve.server import (
     routes_voices,
     routes_ws,
 )
+from cosyserve.server.auth.access import AccessControl
+from cosyserve.server.auth.grpc import AuthInterceptor
+from cosyserve.server.auth.http import AuthMiddleware
 from cosyserve.server.body_limit import BodySizeLimit
+from cosyserve.server.guard import InputGuard
 from cosyserve.server.http_errors import install_error_handlers
 from cosyserve.server.metrics import ServerMetrics
 from cosyserve.server.metrics import router as metrics_router
@@ -40,9 +45,11 @@ logger = logging.getLogger(__name__)
 def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -> FastAPI:
     """The HTTP app of one server process. ``on_fatal`` is called if the start fails
     (model cannot load, ...); without it the process stays up and ``/ready`` says failed."""
+    access = AccessControl.from_settings(settings)
+    guard = InputGuard.from_settings(settings)
     _apply_cuda_alloc_conf(settings)
     metrics = ServerMetrics(lambda: runtime.service)
-    runtime = ServerRuntime(settings, on_fatal)
+    runtime = ServerRuntime(settings, on_fatal, guard, (AuthInterceptor(access),))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -62,9 +69,11 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
 
         starting = asyncio.create_task(start(), name="cosyserve-start")
         watching = _start_watchdog(settings, metrics, runtime)
+        reloads = _reload_on_sighup(guard)
         try:
             yield
         finally:
+            reloads()
             app.state.service = None
             if watching is not None:
                 watching.cancel()
@@ -82,6 +91,7 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     app.state.metrics = metrics
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_upload_bytes)
+    app.add_middleware(AuthMiddleware, access=access)  # outside the body limit: refuse before reading
     app.include_router(routes_health.router)
     app.include_router(routes_openai.router)
     app.include_router(routes_tts.router)
@@ -92,6 +102,26 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     # Outermost: every response (errors from inner middleware included) gets the request id.
     app.add_middleware(RequestContextMiddleware, metrics=metrics, log_text_chars=settings.log_text_chars)
     return app
+
+
+def _reload_on_sighup(guard: InputGuard) -> Callable[[], None]:
+    """Reload the sensitive-word list on SIGHUP; returns the undo. Only the main thread
+    can own signals (an app run by a test client in another thread does without)."""
+    loop = asyncio.get_running_loop()
+
+    def reload() -> None:
+        loop.run_in_executor(None, guard.reload)
+
+    try:
+        loop.add_signal_handler(signal.SIGHUP, reload)
+    except (RuntimeError, ValueError, NotImplementedError):
+        logger.debug("no SIGHUP handler here (not the main thread)")
+        return lambda: None
+
+    def undo() -> None:
+        loop.remove_signal_handler(signal.SIGHUP)
+
+    return undo
 
 
 def _apply_cuda_alloc_conf(settings: Settings) -> None:

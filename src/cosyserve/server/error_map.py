@@ -22,6 +22,7 @@ from cosyserve.engine.scheduler import OverloadedError
 from cosyserve.errors import CosyserveError, InvalidRequestError
 from cosyserve.models.kv_cache import CacheFullError
 from cosyserve.pipeline.frontend import UnknownSpeakerError
+from cosyserve.server.auth.identity import AuthenticationError, ForbiddenError, RateLimitedError
 from cosyserve.server.service import DeadlineExceededError, VoiceExistsError
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,9 @@ class _Rule:
 _RULES: tuple[tuple[type[CosyserveError], _Rule], ...] = (
     (UnknownSpeakerError, _Rule(404, grpc.StatusCode.NOT_FOUND, "not_found_error")),
     (VoiceExistsError, _Rule(409, grpc.StatusCode.ALREADY_EXISTS, "invalid_request_error")),
+    (AuthenticationError, _Rule(401, grpc.StatusCode.UNAUTHENTICATED, "authentication_error")),
+    (ForbiddenError, _Rule(403, grpc.StatusCode.PERMISSION_DENIED, "permission_error")),
+    (RateLimitedError, _Rule(429, grpc.StatusCode.RESOURCE_EXHAUSTED, "rate_limit_error", retry=True)),
     (PayloadTooLargeError, _Rule(413, grpc.StatusCode.INVALID_ARGUMENT, "invalid_request_error")),
     (InvalidRequestError, _Rule(400, grpc.StatusCode.INVALID_ARGUMENT, "invalid_request_error")),
     (OverloadedError, _Rule(429, grpc.StatusCode.RESOURCE_EXHAUSTED, "rate_limit_error", retry=True)),
@@ -111,6 +115,8 @@ def map_error(
             logger.error("request failed with an unexpected error", exc_info=exc)
         return MappedError(rule.http_status, rule.grpc_status, "internal_error", GENERIC_MESSAGE, rule.type)
     assert isinstance(exc, CosyserveError)  # only CosyserveError subclasses have rules
+    if isinstance(exc, RateLimitedError):  # the limiter knows when the caller may retry
+        retry_after_s = exc.retry_after_s
     return MappedError(
         http_status=rule.http_status,
         grpc_status=rule.grpc_status,

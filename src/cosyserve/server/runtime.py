@@ -12,7 +12,7 @@ Lifecycle: ``starting`` (loading, warm-up; ``/ready`` answers 503) -> ``ready`` 
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 
 import grpc
@@ -27,6 +27,8 @@ from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
 from cosyserve.pipeline.voice import VoicePrompt
 from cosyserve.server.error_map import NotReadyError
 from cosyserve.server.grpc import GrpcConfig, start_grpc_server
+from cosyserve.server.guard import InputGuard
+from cosyserve.server.guarded_service import GuardedService
 from cosyserve.server.service import ServiceLimits, SpeechService
 from cosyserve.settings import Settings
 from cosyserve.voices.store import VoiceStore
@@ -48,8 +50,17 @@ class Phase(StrEnum):
 class ServerRuntime:
     """The model, engine, voice store, service and gRPC server of one process."""
 
-    def __init__(self, settings: Settings, on_fatal: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        on_fatal: Callable[[], None] | None = None,
+        guard: InputGuard | None = None,
+        grpc_interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    ) -> None:
         self.settings = settings
+        # The input guard and the gRPC access control (server/guard.py, server/auth/).
+        self.guard = guard or InputGuard()
+        self.grpc_interceptors = grpc_interceptors
         self.phase = Phase.STARTING
         self.service: SpeechService | None = None
         self._on_fatal = on_fatal
@@ -96,14 +107,18 @@ class ServerRuntime:
                 max_queued=settings.max_queued,
                 deadline_s=settings.deadline_s or None,
             )
-            service = SpeechService(model, self._engine, self._voices, limits, settings.frontend_threads)
+            service = GuardedService(
+                model, self._engine, self._voices, limits, settings.frontend_threads, guard=self.guard
+            )
             self.service = service
             await self._warm_up(service)
             if settings.grpc_port:
                 grpc_config = GrpcConfig(
                     max_text_chars=settings.max_text_chars, max_message_bytes=settings.max_upload_bytes
                 )
-                self._grpc = await start_grpc_server(service, settings.host, settings.grpc_port, grpc_config)
+                self._grpc = await start_grpc_server(
+                    service, settings.host, settings.grpc_port, grpc_config, self.grpc_interceptors
+                )
         except (CosyserveError, OSError) as exc:
             logger.error("server start failed: %s", exc)
             self._fail()
