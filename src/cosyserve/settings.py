@@ -103,6 +103,11 @@ class Settings(BaseSettings):
     rate_limit_audio_s: float = Field(
         0.0, ge=0, description="Seconds of synthesized audio per minute per identity; 0: no limit."
     )
+    auth_failures_per_min: float = Field(
+        60.0,
+        ge=0,
+        description="Failed authentications per minute per client address before 429; 0: no limit.",
+    )
     # Input guard (cosyserve.server.guard).
     sensitive_words_file: str = Field(
         "", description="Sensitive words or phrases, one a line; reloaded on SIGHUP. Empty: none."

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cosyserve.server.auth.access import AccessControl
 from cosyserve.server.auth.authenticator import Authenticator
 from cosyserve.server.auth.basic import BasicUsers, parse_basic
 from cosyserve.server.auth.gateway import Gateway
@@ -247,3 +248,20 @@ def test_guard_rejects_control_characters_and_blocks_or_masks(tmp_path: Path) ->
     assert not mask.reload() and mask.word_count == 1  # a failed reload keeps the old list
     with pytest.raises(SettingsError):
         InputGuard(str(words))
+
+
+def test_failed_authentications_are_throttled_per_address() -> None:
+    settings = Settings.load(auth_api_keys=entry("svc", "good"), auth_failures_per_min=2)
+    access = AccessControl.from_settings(settings)
+
+    def admit(key: str, peer: str) -> str:
+        meter = asyncio.run(access.admit(Credentials(f"Bearer {key}", None, peer)))
+        return meter.identity.name
+
+    for _ in range(2):
+        with pytest.raises(AuthenticationError):
+            admit("bad", "10.0.0.5")
+    with pytest.raises(RateLimitedError) as info:
+        admit("good", "10.0.0.5")  # refused before the key is checked
+    assert info.value.retry_after_s == 30
+    assert admit("good", "10.0.0.6") == "svc"  # another address is not affected

@@ -7,11 +7,11 @@ the same per-identity buckets.
 
 import ipaddress
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cosyserve.server.auth.authenticator import Authenticator
-from cosyserve.server.auth.identity import Credentials, ForbiddenError, Identity
-from cosyserve.server.auth.ratelimit import RateLimiter, UsageMeter
+from cosyserve.server.auth.identity import AuthenticationError, Credentials, ForbiddenError, Identity
+from cosyserve.server.auth.ratelimit import FailureThrottle, RateLimiter, UsageMeter
 from cosyserve.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -25,12 +25,13 @@ METRICS_PATH = "/metrics"
 class AccessControl:
     """``open_paths``: HTTP paths served without credentials or rate limits.
     ``voice_admins``: identities that may add and delete voices (empty: everyone
-    authenticated)."""
+    authenticated). ``failures``: the per-address limit of failed authentications."""
 
     authenticator: Authenticator
     limiter: RateLimiter
     open_paths: frozenset[str] = ALWAYS_OPEN
     voice_admins: frozenset[str] = frozenset()
+    failures: FailureThrottle = field(default_factory=lambda: FailureThrottle(0))
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "AccessControl":
@@ -48,6 +49,7 @@ class AccessControl:
             RateLimiter(settings.rate_limit_rpm, settings.rate_limit_audio_s),
             open_paths,
             admins,
+            FailureThrottle(settings.auth_failures_per_min),
         )
 
     async def admit(self, credentials: Credentials, manages_voices: bool = False) -> UsageMeter:
@@ -55,7 +57,12 @@ class AccessControl:
         :class:`~cosyserve.server.auth.identity.AuthenticationError`, :class:`ForbiddenError`
         or :class:`~cosyserve.server.auth.identity.RateLimitedError`. Returns the meter
         that charges the request's audio to its identity."""
-        identity = await self.authenticator.authenticate(credentials)
+        self.failures.check(credentials.peer)
+        try:
+            identity = await self.authenticator.authenticate(credentials)
+        except AuthenticationError:
+            self.failures.failed(credentials.peer)
+            raise
         if manages_voices and self.authenticator.enabled:
             self.authorize_voice_admin(identity)
         self.limiter.take_request(identity)

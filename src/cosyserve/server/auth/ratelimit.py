@@ -7,6 +7,7 @@ identity's next synthesis waits until it has refilled above zero. A refused requ
 :class:`RateLimitedError` with the seconds until it would pass (HTTP ``Retry-After``).
 """
 
+import contextlib
 import math
 import threading
 import time
@@ -82,8 +83,9 @@ class RateLimiter:
                 b.refill(now)
         return buckets
 
-    def take_request(self, identity: Identity) -> None:
-        """Spend one request token, or raise :class:`RateLimitedError`."""
+    def take_request(self, identity: Identity, spend: bool = True) -> None:
+        """Spend one request token (or, with ``spend`` False, only check that there is one),
+        or raise :class:`RateLimitedError`."""
         if not self.enabled:
             return
         with self._lock:
@@ -95,7 +97,7 @@ class RateLimiter:
                         f"more than {self.requests_per_min:g} requests per minute; retry later",
                         _retry_after(requests.wait_s(1)),
                     )
-                requests.level -= 1
+                requests.level -= 1 if spend else 0
 
     def check_audio(self, identity: Identity) -> None:
         """Raise :class:`RateLimitedError` while the identity's audio allowance is used up."""
@@ -117,6 +119,32 @@ class RateLimiter:
             audio = self._get(identity, self._clock()).audio
             if audio is not None:
                 audio.level -= seconds
+
+
+class FailureThrottle:
+    """At most ``per_min`` failed authentications per minute per client address (a token
+    bucket each): past that, the address is refused before its credential is checked, so
+    guessing keys or passwords, or burning the server's CPU on slow hashes, is bounded."""
+
+    def __init__(self, per_min: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._limiter = RateLimiter(per_min, 0, clock)
+
+    def check(self, peer: str | None) -> None:
+        """Raise :class:`RateLimitedError` while ``peer`` has no failures left."""
+        try:
+            self._limiter.take_request(_peer(peer), spend=False)
+        except RateLimitedError as exc:
+            raise RateLimitedError(
+                "too many failed authentications; retry later", exc.retry_after_s
+            ) from None
+
+    def failed(self, peer: str | None) -> None:
+        with contextlib.suppress(RateLimitedError):
+            self._limiter.take_request(_peer(peer))
+
+
+def _peer(peer: str | None) -> Identity:
+    return Identity(f"peer:{peer or 'unknown'}", "none")
 
 
 def _retry_after(seconds: float) -> int:
