@@ -3,12 +3,11 @@ turned into gRPC statuses through the one error map."""
 
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn
 
 import grpc
 
 from cosyserve.audio import AudioEncoder
-from cosyserve.engine.async_engine import AudioChunk
 from cosyserve.errors import InvalidRequestError
 from cosyserve.server.error_map import map_error
 from cosyserve.server.service import SpeechParams, SpeechService
@@ -30,8 +29,7 @@ async def encoded_audio(
     the request in the engine and releases its admission place; the encoder is closed
     either way.
     """
-    # synthesize is an async generator function, annotated as returning an AsyncIterator.
-    synthesis = cast(AsyncGenerator[AudioChunk, None], service.synthesize(params))
+    synthesis = service.synthesize(params)
     with encoder:
         async with aclosing(synthesis) as chunks:
             async for chunk in chunks:
