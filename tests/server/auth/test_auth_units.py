@@ -265,3 +265,21 @@ def test_failed_authentications_are_throttled_per_address() -> None:
         admit("good", "10.0.0.5")  # refused before the key is checked
     assert info.value.retry_after_s == 30
     assert admit("good", "10.0.0.6") == "svc"  # another address is not affected
+
+
+def test_cli_hash_key_prints_a_key_and_its_entry() -> None:
+    from typer.testing import CliRunner
+
+    from cosyserve.cli import app
+
+    made = CliRunner().invoke(app, ["auth", "hash-key", "svc"])
+    assert made.exit_code == 0, made.output
+    lines = dict(line.split(":", 1) for line in made.output.splitlines())
+    key = lines["key"].strip()
+    keys = ApiKeys(parse_entries(lines["entry"].strip(), "auth_api_keys"))
+    assert keys.verify(key) == "svc" and keys.verify(key + "x") is None
+    piped = CliRunner().invoke(app, ["auth", "hash-key", "erin", "--stdin"], input="pw\n")
+    name, _, encoded = piped.output.removeprefix("entry: ").strip().partition(":")
+    assert name == "erin" and HashedSecret.parse(encoded).matches("pw")
+    bad = CliRunner().invoke(app, ["auth", "hash-key", "a:b"])
+    assert bad.exit_code == 2
