@@ -11,7 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from huggingface_hub import constants
+from typer.testing import CliRunner
 
+from cosyserve.cli import app
 from cosyserve.modeldir.download import REPOS, DownloadError, Source, download
 from cosyserve.modeldir.layout import (
     CAMPPLUS_FILE,
@@ -26,7 +29,7 @@ from cosyserve.modeldir.layout import (
 )
 from cosyserve.modeldir.manifest import check_manifest, read_manifest, sha256_file
 from cosyserve.text_tokenizer import MERGES_FILE, TOKENIZER_CONFIG_FILE, VOCAB_FILE
-from tests.ops.fake_hub import HubState, fake_hub
+from tests.ops.fake_hub import COMMIT, HubState, fake_hub
 
 REPO = REPOS[Source.HUGGINGFACE]
 USED = {
@@ -139,3 +142,16 @@ def test_modelscope_without_its_package_says_how_to_install(
     monkeypatch.setitem(sys.modules, "modelscope", None)  # as if not installed
     with pytest.raises(DownloadError, match=r"needs modelscope: pip install 'cosyserve\[download\]'"):
         download(tmp_path / "model", Source.MODELSCOPE)
+
+
+def test_download_command(hub: tuple[str, HubState], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    target = tmp_path / "model"
+    result = CliRunner().invoke(app, ["download", "--dir", str(target), "--endpoint", hub[0]])
+    assert result.exit_code == 0, result.output
+    assert f"{REPO}@{COMMIT[:12]}: {len(USED)} files" in result.stdout
+    assert f"serve it with: cosyserve serve --model-dir {target}" in result.stdout
+    assert CliRunner().invoke(app, ["verify", str(target)]).exit_code == 0
+    hub[1].fail.add(LLM_FILE)
+    failed = CliRunner().invoke(app, ["download", "--dir", str(tmp_path / "other"), "--endpoint", hub[0]])
+    assert failed.exit_code == 2 and failed.stderr.splitlines()[-1].startswith("error: download from ")

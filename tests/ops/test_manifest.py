@@ -6,7 +6,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from cosyserve.cli import app
 from cosyserve.errors import ModelDirError
 from cosyserve.modeldir.layout import MANIFEST_FILE
 from cosyserve.modeldir.manifest import (
@@ -111,3 +113,25 @@ def test_malformed_or_escaping_lines_are_refused(tree: Path, line: str) -> None:
 def test_missing_manifest_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ModelDirError, match=r"manifest\.sha256 does not exist"):
         check_manifest(tmp_path)
+
+
+def test_verify_command(tiny_model_dir: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    ok = runner.invoke(app, ["verify", str(tiny_model_dir)])
+    assert ok.exit_code == 0 and ok.stdout.startswith("OK    sha256 of ")
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for entry in tiny_model_dir.iterdir():
+        (copy / entry.name).symlink_to(entry)
+    (copy / "hift.pt").unlink()
+    (copy / "hift.pt").write_bytes((tiny_model_dir / "hift.pt").read_bytes()[:-1])
+    bad = runner.invoke(app, ["verify", str(copy)])
+    assert bad.exit_code == 2
+    assert bad.stdout == "FAIL  hift.pt: content differs from the manifest (truncated, corrupt or modified)\n"
+    assert bad.stderr == f"error: 1 file(s) do not match {copy / MANIFEST_FILE}\n"
+    assert runner.invoke(app, ["verify", "--no-hashes", str(copy)]).exit_code == 0
+    (copy / MANIFEST_FILE).unlink()
+    missing = runner.invoke(app, ["verify", str(copy)])
+    assert missing.exit_code == 2 and f"`cosyserve verify --write {copy}`" in missing.stderr
+    written = runner.invoke(app, ["verify", "--write", str(copy)])
+    assert written.exit_code == 0 and runner.invoke(app, ["verify", str(copy)]).exit_code == 0
