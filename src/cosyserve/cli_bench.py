@@ -1,4 +1,5 @@
-"""The ``cosyserve bench`` commands: ``bench engine`` (see :mod:`cosyserve.bench.engine_bench`)."""
+"""The ``cosyserve bench`` commands: ``bench engine`` (see :mod:`cosyserve.bench.engine_bench`)
+and ``bench server`` (see :mod:`cosyserve.bench.server_load`)."""
 
 from pathlib import Path
 from typing import Annotated
@@ -95,6 +96,96 @@ def bench_engine(
     table = report_markdown(report)
     if json_out is not None:
         json_out.write_text(report_json(report))
+    if markdown_out is not None:
+        markdown_out.write_text(table)
+    typer.echo(table, nl=False)
+
+
+@bench_app.command("server")
+def bench_server(
+    url: Annotated[str, typer.Option(help="Base URL of the running server.")] = "http://127.0.0.1:8000",
+    concurrency: Annotated[
+        str, typer.Option(help="Comma-separated concurrency levels, each run in turn.")
+    ] = "1,4,16",
+    requests: Annotated[int, typer.Option(min=1, help="Requests per level.")] = 32,
+    stream: Annotated[bool, typer.Option("--stream", help="Streaming requests.")] = False,
+    audio_format: Annotated[
+        str, typer.Option("--format", help="Response format (OpenAI API; upstream is always PCM).")
+    ] = "wav",
+    api: Annotated[
+        str,
+        typer.Option(help="openai (/v1/audio/speech) or upstream (/inference_sft, /inference_zero_shot)."),
+    ] = "openai",
+    voice: Annotated[
+        str | None, typer.Option(help="Registered or built-in voice (upstream: spk_id).")
+    ] = None,
+    prompt_wav: Annotated[
+        Path | None, typer.Option(help="Upstream API without --voice: the prompt recording.")
+    ] = None,
+    prompt_text: Annotated[str, typer.Option(help="Transcript of --prompt-wav.")] = "",
+    text: Annotated[str, typer.Option(help="Text of every request.")] = (
+        "Hello, this is a load test of the speech server."
+    ),
+    tokens: Annotated[
+        int | None, typer.Option(min=1, help="Force this many speech tokens (OpenAI API, cosyserve only).")
+    ] = None,
+    abort_fraction: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of requests that leave after their first byte.")
+    ] = 0.0,
+    sample_rate: Annotated[int, typer.Option(help="Rate of the returned audio.")] = 24000,
+    timeout: Annotated[
+        float, typer.Option(min=1.0, help="Seconds before a request counts as timed out.")
+    ] = 300.0,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the full report as JSON here.")
+    ] = None,
+    markdown_out: Annotated[
+        Path | None, typer.Option("--markdown", help="Write the Markdown table here.")
+    ] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar on stderr.")] = True,
+) -> None:
+    """Load a running server over HTTP: time to first audio byte, latency percentiles,
+    requests/s, audio seconds/s and errors by status, per concurrency level."""
+    levels = _levels(concurrency)
+    if api not in ("openai", "upstream"):
+        raise typer.BadParameter("--api is openai or upstream")
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from cosyserve.bench.server_load import LoadOptions, run_server_load
+    from cosyserve.bench.server_report import server_report_json, server_report_markdown
+
+    try:
+        options = LoadOptions(
+            url=url.rstrip("/"),
+            concurrency=levels,
+            requests=requests,
+            stream=stream,
+            format=audio_format,
+            api="openai" if api == "openai" else "upstream",
+            voice=voice,
+            tokens=tokens,
+            text=text,
+            prompt_wav=None if prompt_wav is None else prompt_wav.read_bytes(),
+            prompt_text=prompt_text,
+            abort_fraction=abort_fraction,
+            timeout_s=timeout,
+            sample_rate=sample_rate,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    columns = (
+        TextColumn("concurrency {task.fields[level]:>3}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), disable=not progress) as bar:
+        tasks = {c: bar.add_task("", total=requests, level=c) for c in levels}
+        report = run_server_load(options, lambda level: bar.advance(tasks[level]))
+    table = server_report_markdown(report)
+    if json_out is not None:
+        json_out.write_text(server_report_json(report))
     if markdown_out is not None:
         markdown_out.write_text(table)
     typer.echo(table, nl=False)
