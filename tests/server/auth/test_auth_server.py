@@ -27,6 +27,7 @@ from cosyserve.server.grpc.protos import cosyserve_v1_pb2, cosyserve_v1_pb2_grpc
 from cosyserve.settings import Settings
 from tests.server.auth.jwt_helpers import AUDIENCE, ISSUER, SigningKey, jwks, new_key
 from tests.server.conftest import ServerProcess, running_server
+from tests.server.http_audio import PROMPT_TEXT, prompt_wav
 
 API_KEY = "csk_test_service_key"
 GATEWAY_HEADER = "X-Auth-User"
@@ -101,7 +102,8 @@ def auth_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
                 'auth_gateway_trusted = "127.0.0.1"',
                 'auth_voice_admins = "svc"',
                 "rate_limit_audio_s = 1.0",
-                "auth_failures_per_min = 0",  # the matrix fails hundreds of times from one address
+                "auth_failures_per_min = 0",
+                "max_prompt_audio_s = 2.0",  # the matrix fails hundreds of times from one address
                 f'sensitive_words_file = "{words}"',
             ]
         )
@@ -289,11 +291,34 @@ def test_guard_and_sighup_reload(auth_server: AuthServer) -> None:
         timeout=30,
     )
     assert tts.status_code == 400
-    auth_server.words.write_text("newword\n")
+    auth_server.words.write_text(f"{BLOCKED}\nnewword\n")
     auth_server.server.process.send_signal(signal.SIGHUP)
     deadline = time.monotonic() + 20
     while _speech(auth_server.url, headers, text="a newword", max_tokens=5, min_tokens=5).status_code != 400:
         assert time.monotonic() < deadline, "the word list was not reloaded"
         time.sleep(0.2)
     assert auth_server.server.process.poll() is None  # SIGHUP did not stop the server
-    assert "guarded-user" not in auth_server.server.log() or BLOCKED not in auth_server.server.log()
+    assert BLOCKED not in auth_server.server.log().lower()  # neither text nor words are logged
+
+
+def test_prompt_audio_duration_limit(auth_server: AuthServer) -> None:
+    headers = {"Authorization": f"Bearer {API_KEY}"}  # the voice admin
+
+    def register(name: str, seconds: float) -> httpx.Response:
+        files = {"audio": ("prompt.wav", prompt_wav(seconds), "audio/wav")}
+        data = {"name": name, "transcript": PROMPT_TEXT}
+        return httpx.post(
+            f"{auth_server.url}/v1/audio/voices", data=data, files=files, headers=headers, timeout=60
+        )
+
+    too_long = register("long_voice", 3.0)
+    assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "invalid_prompt_audio"
+    assert register("short_voice", 1.5).status_code == 201
+    blocked = httpx.post(
+        f"{auth_server.url}/v1/audio/voices",
+        data={"name": "blocked_voice", "transcript": f"the {BLOCKED}"},
+        files={"audio": ("prompt.wav", prompt_wav(1.5), "audio/wav")},
+        headers=headers,
+        timeout=60,
+    )
+    assert blocked.status_code == 400 and blocked.json()["error"]["code"] == "blocked_content"
