@@ -2,7 +2,7 @@
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -13,6 +13,9 @@ from cosyserve.modeldir.layout import ModelDir
 from cosyserve.models.flow.flow import Flow, flow_checkpoint_table
 from cosyserve.models.hift.generator import HiFTGenerator, hift_checkpoint_table
 from cosyserve.models.lm import CosyVoice2LM, lm_checkpoint_table
+from cosyserve.models.lm_compile import compile_lm_
+from cosyserve.models.precision import Dtype, Precision, Quantization
+from cosyserve.models.quantize import quantize_lm_
 from cosyserve.text_tokenizer import TextTokenizer
 from cosyserve.weights.checkpoint import load_checkpoint
 
@@ -24,6 +27,8 @@ class LoadedModel:
     """Everything shared between requests: weights, tokenizer, feature sessions, speakers.
 
     ``speakers``: ``spk2info.pt`` embeddings, name -> (192,) float32.
+    ``precision``: how the modules are stored and run; an engine's KV cache must use
+    ``precision.kv_cache_dtype`` on ``precision.device``.
     """
 
     model_dir: ModelDir
@@ -34,24 +39,38 @@ class LoadedModel:
     tokenizer: TextTokenizer
     features: PromptFeatureExtractor
     speakers: dict[str, torch.Tensor]
+    precision: Precision = field(default_factory=Precision)
 
 
-def load_model(path: Path | str) -> LoadedModel:
-    """Validate and load the model directory at ``path`` (fp32, CPU, eval mode).
+def load_model(
+    path: Path | str,
+    *,
+    dtype: Dtype | str = Dtype.FP32,
+    quantize: Quantization | str = Quantization.NONE,
+    device: str = "cpu",
+    compile: bool = False,
+) -> LoadedModel:
+    """Validate and load the model directory at ``path`` in eval mode.
 
-    Raises :class:`~cosyserve.errors.ModelDirError` (or its ``CheckpointError``) with a
-    message naming what is wrong.
+    ``dtype``, ``quantize``, ``device`` and ``compile`` select the precision (see
+    :class:`~cosyserve.models.precision.Precision`; the defaults give the float32 CPU
+    model). Raises :class:`~cosyserve.models.precision.PrecisionError` for a setting this
+    machine cannot run, before reading any weights, and
+    :class:`~cosyserve.errors.ModelDirError` (or its ``CheckpointError``) with a message
+    naming what is wrong with the directory.
     """
     start = time.perf_counter()
+    precision = Precision.resolve(dtype, quantize, device, compile)
     model_dir = ModelDir.open(path)
     hp = model_dir.hparams()
     tokenizer = model_dir.text_tokenizer()
-    lm = CosyVoice2LM(hp.lm)
-    load_checkpoint(lm, model_dir.llm, lm_checkpoint_table(hp.lm))
+    lm = _load_lm(model_dir, hp, precision)
     flow = Flow(hp.flow)
     load_checkpoint(flow, model_dir.flow, flow_checkpoint_table(hp.flow))
+    flow.to(precision.torch_device, precision.flow_dtype)
     hift = HiFTGenerator(hp.hift)
     load_checkpoint(hift, model_dir.hift, hift_checkpoint_table(hp.hift))
+    hift.to(precision.torch_device, precision.hift_dtype)
     for module in (lm, flow, hift):
         module.eval().requires_grad_(False)
     speakers = {name: emb.reshape(-1) for name, emb in model_dir.read_spk2info().items()}
@@ -64,6 +83,27 @@ def load_model(path: Path | str) -> LoadedModel:
         tokenizer=tokenizer,
         features=PromptFeatureExtractor.from_model_dir(model_dir.root),
         speakers=speakers,
+        precision=precision,
     )
-    logger.info("loaded %s in %.1f s", model_dir.root, time.perf_counter() - start)
+    logger.info("loaded %s, %s, in %.1f s", model_dir.root, precision.describe(), time.perf_counter() - start)
     return model
+
+
+def _load_lm(model_dir: ModelDir, hp: ModelHParams, precision: Precision) -> CosyVoice2LM:
+    """The LM in ``precision.lm_dtype`` on its device, quantized as asked.
+
+    Built on the meta device, so no random initial weights are allocated: loading assigns
+    the checkpoint's tensors, memory-mapped (float32) or converted once (other dtypes),
+    and quantization then replaces the decoder Linears one by one. Compilation (if asked)
+    comes last, on the final weights.
+    """
+    with torch.device("meta"):
+        lm = CosyVoice2LM(hp.lm)
+    lm.to(precision.lm_dtype)
+    load_checkpoint(lm, model_dir.llm, lm_checkpoint_table(hp.lm))
+    lm.to(precision.torch_device)
+    quantize_lm_(lm, precision)
+    lm.eval().requires_grad_(False)
+    if precision.compile:
+        compile_lm_(lm, precision)
+    return lm

@@ -1,0 +1,176 @@
+"""Weight quantization of the LM's decoder-layer Linear modules, in place.
+
+Only ``lm.qwen.layers`` is touched: its Linear weights are 71 % of the LM's parameters
+and nearly all of a decode step's memory traffic. The text embedding (a lookup), the
+speech embedding and the 6564-way speech head keep their dtype, so prompt encoding and
+the distribution tokens are sampled from lose nothing beyond what the layers add.
+
+CPU int8 has two implementations:
+
+- dynamic (``torch.ao.quantization.quantize_dynamic``): int8 weights per output channel,
+  activations quantized per call; fbgemm/oneDNN int8 GEMMs, the fastest at every batch
+  size. torch marks ``torch.ao.quantization`` deprecated in favour of torchao, whose
+  CPU int8 is only fast under ``torch.compile``; while it exists, it is used.
+- weight-only (:class:`Int8WeightOnlyLinear`, ``aten._weight_int8pack_mm``): int8 weights,
+  bfloat16 activations. Slower at batch 16 but never quantizes activations, so outlier
+  channels cannot cost accuracy; it is the ``int8wo`` setting and the fallback of ``int8``
+  on a torch without ``quantize_dynamic``.
+
+CUDA int8/int4 go through torchao (weight-only int8; int4 with grouped scales on the
+tinygemm kernel, which needs bfloat16 activations).
+"""
+
+import importlib
+import logging
+import warnings
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+from cosyserve.models.lm import CosyVoice2LM
+from cosyserve.models.precision import Precision, PrecisionError, Quantization, require_torchao
+
+logger = logging.getLogger(__name__)
+
+_INT8_MAX = 127
+# aten._weight_int8pack_mm on CPU reads K in blocks of 16: other widths crash or go wrong.
+_INT8PACK_K_MULTIPLE = 16
+_INT4_GROUP_SIZES = (128, 64, 32)
+
+QuantizeDynamic = Callable[..., nn.Module]
+
+
+def quantize_lm_(lm: CosyVoice2LM, precision: Precision) -> None:
+    """Quantize ``lm``'s decoder-layer Linear modules as ``precision`` says (nothing for
+    ``none``). On CUDA ``lm`` must already be on its device in ``precision.lm_dtype``."""
+    mode = precision.quantize
+    if mode is Quantization.NONE:
+        return
+    layers = lm.qwen.layers
+    if precision.on_cuda:
+        _torchao_(layers, mode)
+    elif mode is Quantization.INT8:
+        quantize_dynamic = ao_quantize_dynamic()
+        if quantize_dynamic is None:
+            logger.warning("torch.ao quantize_dynamic is unavailable; int8 uses weight-only int8 instead")
+            int8_weight_only_(layers)
+        else:
+            int8_dynamic_(layers, quantize_dynamic)
+    else:
+        int8_weight_only_(layers)
+
+
+def ao_quantize_dynamic() -> QuantizeDynamic | None:
+    """torch's eager dynamic quantization entry point, or None once torch has removed it."""
+    try:
+        module = importlib.import_module("torch.ao.quantization")
+    except ImportError:
+        return None
+    function: QuantizeDynamic | None = getattr(module, "quantize_dynamic", None)
+    return function
+
+
+def int8_dynamic_(module: nn.Module, quantize_dynamic: QuantizeDynamic) -> None:
+    """Swap every ``nn.Linear`` under ``module`` for torch's dynamic int8 Linear: weights
+    int8 per output channel (symmetric), activations quantized per call.
+
+    In place, one Linear at a time, so the float weights (memory-mapped from the
+    checkpoint) are never copied whole.
+    """
+    qconfig_module = importlib.import_module("torch.ao.quantization")
+    with warnings.catch_warnings():
+        # The deprecation of torch.ao (and of quantized tensors) is known; see the module doc.
+        warnings.filterwarnings("ignore", message=r".*deprecated.*")
+        qconfig = qconfig_module.per_channel_dynamic_qconfig
+        quantize_dynamic(module, {nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
+
+
+class Int8WeightOnlyLinear(nn.Module):
+    """``y = x W^T + b`` with ``W`` stored as int8 rows and one scale per row
+    (``scale = max|W_row| / 127``). Computes in bfloat16, returns ``x``'s dtype.
+
+    ``weight``: (out, in) int8; ``scales``: (out,) bfloat16; ``bias``: (out,) or None.
+    """
+
+    weight: torch.Tensor
+    scales: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        if weight.dtype != torch.int8 or weight.dim() != 2 or scales.shape != weight.shape[:1]:
+            raise ValueError(f"weight {tuple(weight.shape)} {weight.dtype} and scales {tuple(scales.shape)}")
+        self.in_features = weight.shape[1]
+        self.out_features = weight.shape[0]
+        self.register_buffer("weight", weight.contiguous())
+        self.register_buffer("scales", scales.to(torch.bfloat16))
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "Int8WeightOnlyLinear":
+        _check_int8pack_width(linear)
+        weight = linear.weight.detach().float()
+        scales = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / _INT8_MAX
+        quantized = torch.round(weight / scales[:, None]).clamp(-_INT8_MAX, _INT8_MAX).to(torch.int8)
+        return cls(quantized, scales, linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: (..., in) -> (..., out) in ``x``'s dtype."""
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # (N, in)
+        packed: torch.Tensor = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales)
+        y = packed.to(x.dtype)  # (N, out)
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weight-only"
+
+
+def int8_weight_only_(module: nn.Module) -> None:
+    """Replace every ``nn.Linear`` under ``module`` by an :class:`Int8WeightOnlyLinear`,
+    one at a time (each float weight is dropped as soon as its int8 copy exists)."""
+    targets = list(_linears(module))
+    for _, linear in targets:  # check all before changing any
+        _check_int8pack_width(linear)
+    for (parent, name), linear in targets:
+        setattr(parent, name, Int8WeightOnlyLinear.from_linear(linear))
+
+
+def _check_int8pack_width(linear: nn.Linear) -> None:
+    if linear.in_features % _INT8PACK_K_MULTIPLE:
+        raise PrecisionError(
+            f"int8 weight-only needs Linear input widths divisible by {_INT8PACK_K_MULTIPLE}, "
+            f"got {linear.in_features}; use --quantize int8 or none"
+        )
+
+
+def int4_group_size(module: nn.Module) -> int:
+    """The largest torchao int4 group size dividing every Linear input width under ``module``."""
+    widths = {linear.in_features for _, linear in _linears(module)}
+    for size in _INT4_GROUP_SIZES:
+        if all(width % size == 0 for width in widths):
+            return size
+    raise PrecisionError(f"int4 needs Linear input widths divisible by 32, got {sorted(widths)}")
+
+
+def _torchao_(module: nn.Module, mode: Quantization) -> None:
+    require_torchao()
+    api = importlib.import_module("torchao.quantization")
+    if mode is Quantization.INT4:
+        # tile_packed_to_4d is torch's own tinygemm kernel: no extra kernel package needed.
+        config = api.Int4WeightOnlyConfig(
+            group_size=int4_group_size(module), int4_packing_format="tile_packed_to_4d"
+        )
+    else:
+        config = api.Int8WeightOnlyConfig()
+    api.quantize_(module, config)
+
+
+def _linears(module: nn.Module) -> Iterator[tuple[tuple[nn.Module, str], nn.Linear]]:
+    """Every ``nn.Linear`` under ``module`` with (its parent, its attribute name)."""
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                yield (parent, name), child

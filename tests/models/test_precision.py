@@ -1,0 +1,338 @@
+"""Precision settings: what each loads, that it synthesizes, how close it stays to float32
+(on the tiny random model; full-size numbers are in docs/precision.md), and the errors for
+settings this machine cannot run."""
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from cosyserve.engine.config import EngineConfig
+from cosyserve.errors import CosyserveError
+from cosyserve.loader import LoadedModel, load_model
+from cosyserve.models import quantize
+from cosyserve.models.kv_cache import KVCache
+from cosyserve.models.precision import Dtype, Precision, PrecisionError, Quantization, require_torchao
+from cosyserve.models.quantize import Int8WeightOnlyLinear, int4_group_size
+from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
+from cosyserve.pipeline.synthesizer import Synthesizer
+from cosyserve.weights.checkpoint import read_state_dict
+
+CPU_SETTINGS = [("fp32", "none"), ("bf16", "none"), ("fp32", "int8"), ("fp32", "int8wo"), ("bf16", "int8")]
+SPEAKER = "中文女"
+TOKENS = 20
+
+# Tolerances against float32 on the tiny model, teacher-forced over the fixed sequence
+# of _lm_logits (measured values in brackets; full-size numbers in docs/precision.md).
+LM_TOLERANCES = {
+    # setting: (min top-1 agreement, max |logit error| / fp32 logit std, mean ratio)
+    "bf16": (0.90, 0.30, 0.04),  # (0.96, 0.10, 0.012)
+    "int8wo": (0.90, 0.45, 0.06),  # (0.96, 0.15, 0.018)
+    "int8": (0.70, 1.20, 0.15),  # (0.83, 0.54, 0.071): activations are quantized too
+}
+FLOW_MEL_TOLERANCE = (0.5, 0.08)  # bf16 flow: max and mean |mel error| (0.16, 0.028)
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model_dir: Path) -> dict[str, LoadedModel]:
+    """One loaded model per CPU setting, keyed like the benchmark: ``fp32``, ``bf16+int8``."""
+    loaded = {}
+    for dtype, quant in CPU_SETTINGS:
+        key = dtype if quant == "none" else f"{dtype}+{quant}"
+        loaded[key] = load_model(tiny_model_dir, dtype=dtype, quantize=quant)
+    return loaded
+
+
+def _lm_logits(model: LoadedModel) -> torch.Tensor:
+    """Teacher-forced speech logits (float32) over a fixed 8 text + 12 prompt + 40 speech
+    token sequence, at the positions that predict speech tokens: (53, 6564)."""
+    gen = torch.Generator().manual_seed(7)
+    lm = model.lm
+    text = torch.randint(0, lm.cfg.qwen.vocab_size, (8,), generator=gen)
+    prompt = torch.randint(0, lm.cfg.speech_token_size, (12,), generator=gen)
+    tokens = torch.randint(0, lm.cfg.speech_token_size, (40,), generator=gen)
+    with torch.inference_mode():
+        full = torch.cat([lm.prompt_embeddings(text, prompt), lm.speech_embedding(tokens)])
+        _, logits = lm.teacher_forced(full[None])
+    return logits[0, 9:].float()
+
+
+def _flow_mel(model: LoadedModel) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(8)
+    tokens = torch.randint(0, 6561, (1, 30), generator=gen)
+    prompt = torch.randint(0, 6561, (1, 10), generator=gen)
+    prompt_mel = torch.randn(1, 20, 80, generator=gen) - 5.0
+    embedding = torch.randn(1, 192, generator=gen)
+    return model.flow.inference(tokens, prompt, prompt_mel, embedding, streaming=False, finalize=True)
+
+
+def _vocode(model: LoadedModel, mel: torch.Tensor) -> torch.Tensor:
+    wave, _ = model.hift.inference(mel, generator=torch.Generator().manual_seed(0))
+    return wave
+
+
+# -- settings that cannot run here ---------------------------------------------------------
+
+
+def test_fp16_on_cpu_is_refused_before_anything_is_read(tmp_path: Path) -> None:
+    with pytest.raises(PrecisionError, match=r"fp16 needs a CUDA device.*use --dtype bf16") as info:
+        load_model(tmp_path / "no-such-model", dtype="fp16")
+    assert isinstance(info.value, CosyserveError)
+    assert info.value.code == "unsupported_precision"
+
+
+def test_int4_on_cpu_is_refused_with_the_cpu_alternative() -> None:
+    with pytest.raises(PrecisionError, match=r"int4 quantization needs a CUDA device.*--quantize int8"):
+        Precision.resolve(quantize="int4")
+    with pytest.raises(PrecisionError, match="int4 quantization needs a CUDA device"):
+        Precision.resolve(dtype="bf16", quantize=Quantization.INT4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"dtype": "fp8"}, "unknown dtype 'fp8'; choose one of: fp32, bf16, fp16"),
+        ({"quantize": "int2"}, "unknown quantize 'int2'; choose one of: none, int8, int8wo, int4"),
+        ({"device": "mps"}, "device 'mps' is not supported"),
+        ({"device": "tpu"}, "unknown device 'tpu'"),
+    ],
+)
+def test_unknown_settings_name_the_choices(kwargs: dict[str, str], message: str) -> None:
+    with pytest.raises(PrecisionError, match=message):
+        Precision.resolve(**kwargs)  # type: ignore[arg-type]
+
+
+def test_compile_is_refused_for_a_quantized_lm() -> None:
+    with pytest.raises(PrecisionError, match="compile applies to the unquantized LM"):
+        Precision.resolve(quantize="int8", compile=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_cuda_without_a_gpu_is_refused() -> None:
+    with pytest.raises(PrecisionError, match=r"CUDA is not available.*--device cpu"):
+        Precision.resolve(dtype="bf16", device="cuda")
+
+
+def test_missing_torchao_gives_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torchao", None)  # makes `import torchao` fail
+    with pytest.raises(PrecisionError, match=r"pip install 'cosyserve\[cuda\]'"):
+        require_torchao()
+
+
+# -- what each CPU setting loads -----------------------------------------------------------
+
+
+def test_default_load_is_the_float32_cpu_model(models: dict[str, LoadedModel], tiny_model_dir: Path) -> None:
+    model = models["fp32"]
+    assert model.precision == Precision() == Precision.resolve()
+    for module in (model.lm, model.flow, model.hift):
+        assert {(p.dtype, p.device.type) for p in module.parameters()} == {(torch.float32, "cpu")}
+    assert all(type(m) is nn.Linear for m in model.lm.qwen.layers.modules() if isinstance(m, nn.Linear))
+    # Built on the meta device and filled from llm.pt: every weight is the checkpoint's.
+    ckpt = read_state_dict(tiny_model_dir / "llm.pt")
+    q_proj = "llm.model.model.layers.1.self_attn.q_proj.weight"
+    assert torch.equal(model.lm.qwen.layers[1].self_attn.q_proj.weight, ckpt[q_proj])
+    assert torch.equal(model.lm.llm_decoder.bias, ckpt["llm_decoder.bias"])
+
+
+def test_bf16_runs_lm_and_flow_in_bf16_and_keeps_hift_float32(models: dict[str, LoadedModel]) -> None:
+    model = models["bf16"]
+    assert {p.dtype for p in model.lm.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.flow.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.hift.parameters()} == {torch.float32}
+    assert model.precision.kv_cache_dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("key", ["fp32+int8", "fp32+int8wo", "bf16+int8"])
+def test_int8_quantizes_only_the_decoder_layers(models: dict[str, LoadedModel], key: str) -> None:
+    model, ref = models[key], models["fp32"]
+    linears = [m for m in model.lm.qwen.layers.modules() if isinstance(m, nn.Linear)]
+    assert not linears, "every decoder-layer Linear is replaced"
+    if key.endswith("int8wo"):
+        assert sum(isinstance(m, Int8WeightOnlyLinear) for m in model.lm.modules()) == 7 * 2
+    # Activations stay float32 for the CPU int8 kernels; embeddings and head are untouched.
+    assert model.precision.lm_dtype == model.precision.kv_cache_dtype == torch.float32
+    for name in ("qwen.embed_tokens.weight", "speech_embedding.weight", "llm_decoder.weight"):
+        assert torch.equal(model.lm.get_parameter(name), ref.lm.get_parameter(name))
+    flow_dtype = torch.bfloat16 if key.startswith("bf16") else torch.float32
+    assert model.flow.speaker_proj.weight.dtype == flow_dtype
+
+
+def test_int8_falls_back_to_weight_only_without_torch_ao(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(quantize, "ao_quantize_dynamic", lambda: None)
+    with caplog.at_level(logging.WARNING, logger="cosyserve.models.quantize"):
+        model = load_model(tiny_model_dir, quantize="int8")
+    assert isinstance(model.lm.qwen.layers[0].mlp.down_proj, Int8WeightOnlyLinear)
+    assert "weight-only int8 instead" in caplog.text
+
+
+# -- closeness to float32 ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["bf16", "fp32+int8wo", "fp32+int8"])
+def test_lm_logits_stay_close_to_float32(models: dict[str, LoadedModel], key: str) -> None:
+    ref = _lm_logits(models["fp32"])
+    got = _lm_logits(models[key])
+    min_agree, max_ratio, mean_ratio = LM_TOLERANCES[key.removeprefix("fp32+")]
+    agreement = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    err = (got - ref).abs()
+    scale = ref.std().item()
+    assert agreement >= min_agree
+    assert err.max().item() <= max_ratio * scale
+    assert err.mean().item() <= mean_ratio * scale
+    assert not torch.equal(got, ref), "the setting must actually change the numerics"
+
+
+def test_bf16_kv_cache_decoding_matches_the_bf16_full_forward(models: dict[str, LoadedModel]) -> None:
+    lm = models["bf16"].lm
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, lm.cfg.speech_token_size, (6,), generator=gen)
+    with torch.inference_mode():
+        prompt = lm.prompt_embeddings(torch.randint(0, 1000, (5,), generator=gen), tokens[:0])
+        full = torch.cat([prompt, lm.speech_embedding(tokens)])
+        _, logits = lm.teacher_forced(full[None])
+        expected = logits[0, -1].float().log_softmax(-1)
+        cache = KVCache.for_config(lm.cfg.qwen, 2, 32, models["bf16"].precision.kv_cache_dtype)
+        slot = cache.allocate()
+        lm.prefill(full[:-1], slot, cache)
+        got = lm.decode(tokens[-1:], [slot], cache)[0]
+    assert cache.k.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected, atol=0.05, rtol=0)
+
+
+def test_bf16_flow_mel_stays_close_and_hift_is_untouched(models: dict[str, LoadedModel]) -> None:
+    ref_mel = _flow_mel(models["fp32"])
+    mel = _flow_mel(models["bf16"])
+    assert mel.dtype == torch.float32
+    err = (mel - ref_mel).abs()
+    assert 0 < err.max().item() <= FLOW_MEL_TOLERANCE[0]
+    assert err.mean().item() <= FLOW_MEL_TOLERANCE[1]
+    # HiFT stays float32 under bf16: the same mel gives the same waveform, bit for bit.
+    with torch.inference_mode():
+        assert torch.equal(_vocode(models["bf16"], ref_mel), _vocode(models["fp32"], ref_mel))
+
+
+def test_int8_weight_only_linear_matches_the_float_layer() -> None:
+    gen = torch.Generator().manual_seed(0)
+    linear = nn.Linear(96, 40)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(40, 96, generator=gen) / 96**0.5)
+    layer = Int8WeightOnlyLinear.from_linear(linear)
+    x = torch.randn(3, 5, 96, generator=gen)
+    with torch.inference_mode():
+        expected, got = linear(x), layer(x)
+    assert got.dtype == torch.float32 and got.shape == (3, 5, 40)
+    rel = ((got - expected).norm() / expected.norm()).item()
+    assert 0 < rel < 0.02
+    with torch.inference_mode():
+        assert layer(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_int8_weight_only_refuses_widths_its_kernel_cannot_take() -> None:
+    # aten._weight_int8pack_mm crashes the process (or answers wrongly) for such widths.
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(40, 64))
+    with pytest.raises(PrecisionError, match="divisible by 16, got 40"):
+        quantize.int8_weight_only_(model)
+    assert all(type(m) is nn.Linear for m in model), "nothing is replaced when any layer is refused"
+
+
+def test_int4_group_size_divides_every_layer() -> None:
+    assert int4_group_size(nn.Sequential(nn.Linear(896, 4864), nn.Linear(4864, 896))) == 128
+    assert int4_group_size(nn.Sequential(nn.Linear(64, 128), nn.Linear(128, 64))) == 64
+    with pytest.raises(PrecisionError, match="divisible by 32"):
+        int4_group_size(nn.Sequential(nn.Linear(40, 8)))
+
+
+# -- synthesis -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["bf16", "fp32+int8", "fp32+int8wo"])
+def test_each_cpu_setting_synthesizes(models: dict[str, LoadedModel], key: str) -> None:
+    model = models[key]
+    config = EngineConfig(max_active=1, dtype=model.precision.kv_cache_dtype)
+    synth = Synthesizer(model, config)
+    options = SynthesisOptions(seed=0, min_tokens=TOKENS, max_tokens=TOKENS)
+    request = SynthesisRequest("你好。", Mode.SFT, voice=synth.speaker(SPEAKER), options=options)
+    audio = synth.synthesize(request)
+    samples_per_token = model.hparams.flow.token_mel_ratio * model.hparams.hift.upsample_factor
+    assert audio.dtype == np.float32
+    assert audio.size == TOKENS * samples_per_token
+    assert np.isfinite(audio).all() and 0 < np.abs(audio).max() <= model.hparams.hift.audio_limit
+
+
+@pytest.mark.slow
+def test_compiled_lm_matches_eager_at_every_batch_size(
+    models: dict[str, LoadedModel], tiny_model_dir: Path
+) -> None:
+    # Cold inductor compiles take minutes on a loaded 2-core machine: slow suite only.
+    compiled = load_model(tiny_model_dir, compile=True)
+    graphs_after_warm_up = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    outputs = []
+    for lm in (models["fp32"].lm, compiled.lm):
+        cache = KVCache.for_config(lm.cfg.qwen, 4, 16, torch.float32)
+        slots = [cache.allocate() for _ in range(4)]
+        tokens = torch.arange(4) * 100
+        with torch.inference_mode():
+            for slot in slots:
+                lm.prefill(lm.speech_embedding(tokens[: slot + 2]), slot, cache)
+            outputs.append([lm.decode(tokens[:b], slots[4 - b :], cache) for b in (1, 3, 4, 2)])
+    for eager, got in zip(*outputs, strict=True):
+        torch.testing.assert_close(got, eager, atol=1e-4, rtol=0)
+    # New batch sizes and slots reuse the warm-up graphs.
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs_after_warm_up
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_and_reports_every_setting(tiny_model_dir: Path, tmp_path: Path) -> None:
+    script = Path(__file__).parents[2] / "benchmarks" / "precision_quality.py"
+    out = tmp_path / "result.json"
+    small = ["--text", "4", "--prompt", "5", "--tokens", "12", "--context", "4", "--steps", "2"]
+    command = [sys.executable, str(script), str(tiny_model_dir), "--settings", "bf16,fp32+int8wo"]
+    subprocess.run([*command, *small, "--out", str(out)], check=True, capture_output=True)
+    results = {r["setting"]: r for r in json.loads(out.read_text())["results"]}
+    assert list(results) == ["fp32", "bf16", "fp32+int8wo"]
+    assert results["fp32"]["lm_top1_agreement"] == 1.0 and results["fp32"]["flow_mel_max_err"] == 0.0
+    assert 0 < results["bf16"]["flow_mel_max_err"] < 1
+    assert results["fp32+int8wo"]["flow_mel_max_err"] == 0.0  # the flow is untouched by int8
+    assert 0.5 < results["fp32+int8wo"]["lm_top1_agreement"] <= 1.0
+
+
+# -- CUDA (never in CI; run on a GPU machine) ----------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [Dtype.BF16, Dtype.FP16])
+def test_cuda_half_precision_loads_and_synthesizes(tiny_model_dir: Path, dtype: Dtype) -> None:
+    model = load_model(tiny_model_dir, dtype=dtype, device="cuda")
+    assert model.lm.llm_decoder.weight.dtype == dtype.torch_dtype
+    assert model.lm.llm_decoder.weight.device.type == "cuda"
+    assert model.hift.conv_pre.weight.dtype == torch.float32
+    config = EngineConfig(max_active=1, dtype=model.precision.kv_cache_dtype, device="cuda")
+    synth = Synthesizer(model, config)
+    options = SynthesisOptions(seed=0, min_tokens=TOKENS, max_tokens=TOKENS)
+    audio = synth.synthesize(
+        SynthesisRequest("你好。", Mode.SFT, voice=synth.speaker(SPEAKER), options=options)
+    )
+    assert audio.size > 0 and np.isfinite(audio).all()
+
+
+@needs_cuda
+@pytest.mark.parametrize("quant", [Quantization.INT4, Quantization.INT8])
+def test_cuda_quantization_keeps_logits_close(tiny_model_dir: Path, quant: Quantization) -> None:
+    pytest.importorskip("torchao")
+    ref = load_model(tiny_model_dir, dtype="bf16", device="cuda")
+    model = load_model(tiny_model_dir, dtype="bf16", quantize=quant, device="cuda")
+    assert model.precision.kv_cache_dtype == torch.bfloat16
+    ref_logits, logits = _lm_logits(ref).cpu(), _lm_logits(model).cpu()
+    agreement = (logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
+    assert agreement >= 0.7
