@@ -104,7 +104,8 @@ def test_fifty_disconnects_leave_nothing_behind(roomy_server: ServerProcess) -> 
             )
 
     results = asyncio.run(run())
-    assert results.count("after first bytes") == 25
+    # Odd clients give up after a random delay; one may have had its first bytes by then.
+    assert results.count("after first bytes") >= 25
     assert "no audio" not in results
     start = time.monotonic()  # every client has gone
     while True:

@@ -3,6 +3,7 @@
 import base64
 import json
 import time
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -73,6 +74,13 @@ def test_sample_rate_extension(client: openai.OpenAI, response_format: str, rate
     audio = decode(data, response_format)
     assert audio.sample_rate == rate
     assert audio.duration == pytest.approx(TOKENS * SECONDS_PER_TOKEN, abs=0.15)
+
+
+def test_speed_shortens_whole_file_audio(client: openai.OpenAI) -> None:
+    data = client.audio.speech.create(
+        model="tts-1", input="Hello.", voice=VOICE, response_format="wav", speed=2.0, extra_body=FORCED
+    ).content
+    assert decode(data, "wav").duration == pytest.approx(TOKENS * SECONDS_PER_TOKEN / 2, abs=0.05)
 
 
 def test_voice_as_object_and_seed_is_deterministic(client: openai.OpenAI) -> None:
@@ -199,6 +207,17 @@ def test_malformed_json_is_422(server: ServerProcess) -> None:
 
 def test_body_over_the_upload_limit_is_413(server: ServerProcess) -> None:
     response = httpx.post(f"{server.url}/v1/audio/speech", content=b"x" * (11 * 1024 * 1024))
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "payload_too_large"
+
+
+def test_chunked_body_over_the_upload_limit_is_413(server: ServerProcess) -> None:
+    def body() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
+        for _ in range(10):
+            yield b"x" * (1024 * 1024)
+        yield b"x" * 1024
+
+    response = httpx.post(f"{server.url}/v1/audio/speech", content=body(), timeout=60)
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "payload_too_large"
 
