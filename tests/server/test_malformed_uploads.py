@@ -52,13 +52,7 @@ def _corpus() -> dict[str, bytes]:
 
 
 CORPUS = _corpus()
-# Known bug (frontend/audio.py _decode_pyav): a WAV whose codec PyAV cannot open (an unknown
-# format tag, 0 bits per sample) has no ``stream.rate`` -> AttributeError -> 500. Strict:
-# these start failing (so the marker must go) once the decoder maps it to a 4xx.
-_KNOWN_500 = pytest.mark.xfail(strict=True, reason="frontend/audio.py: stream.rate AttributeError -> 500")
-CASES = [
-    pytest.param(n, marks=_KNOWN_500) if n in ("unknown_codec", "zero_bits") else n for n in sorted(CORPUS)
-]
+CASES = sorted(CORPUS)
 
 
 def _assert_client_error(response: httpx.Response, name: str) -> None:

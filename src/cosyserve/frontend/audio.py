@@ -151,6 +151,10 @@ def _decode_pyav(source: AudioSource, max_duration_s: float | None) -> tuple[Wav
     """(frames, channels) float32 and the sample rate of the first audio stream, via FFmpeg."""
     with av.open(_as_file(source), mode="r") as container:
         stream = container.streams.audio[0]
+        if stream.codec_context is None:
+            # FFmpeg found an audio stream but has no decoder for its codec (e.g. an unknown
+            # WAV format tag); the stream then has no rate or layout at all.
+            raise ValueError("no decoder for the audio codec")
         sample_rate = int(stream.rate or 0)
         limit = None if max_duration_s is None else _max_frames(max_duration_s, sample_rate)
         # Output format, layout and rate are fixed to the stream's, so that a mid-stream
