@@ -57,6 +57,6 @@ def test_no_server_errors(case: schemathesis.Case[Any], server: ServerProcess) -
 
 @pytest.mark.slow
 @schema.parametrize()
-@settings(max_examples=150, **_SETTINGS)
+@settings(max_examples=40, **_SETTINGS)
 def test_no_server_errors_many(case: schemathesis.Case[Any], server: ServerProcess) -> None:
     _call_without_5xx(case, server.url)
