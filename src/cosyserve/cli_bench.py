@@ -1,12 +1,23 @@
 """The ``cosyserve bench`` commands: ``bench engine`` (see :mod:`cosyserve.bench.engine_bench`)
 and ``bench server`` (see :mod:`cosyserve.bench.server_load`)."""
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from cosyserve.paths import default_model_dir, require_model_dir
+
+
+class FlowCache(StrEnum):
+    """The CLI's copy of ``cosyserve.engine.config.FlowCacheMode`` (that module imports torch,
+    which ``--help`` should not wait for)."""
+
+    exact = "exact"
+    cached = "cached"
+    incremental = "incremental"
+
 
 bench_app = typer.Typer(help="Measure the engine's latency and throughput.", no_args_is_help=True)
 
@@ -48,6 +59,13 @@ def bench_engine(
     first_hop: Annotated[
         int | None, typer.Option(min=5, help="Tokens in a stream's first chunk (default: upstream's).")
     ] = None,
+    flow_cache: Annotated[
+        FlowCache | None,
+        typer.Option(
+            help="Streaming flow mode (default: the engine's; see EngineConfig.flow_cache).",
+            show_default=False,
+        ),
+    ] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the prompt, texts and sampling.")] = 0,
     warm_up: Annotated[bool, typer.Option(help="Run one short request before measuring.")] = True,
@@ -79,6 +97,7 @@ def bench_engine(
         rounds=rounds,
         seed=seed,
         first_hop=first_hop,
+        flow_cache=None if flow_cache is None else flow_cache.value,
         warm_up=warm_up,
     )
     if threads is not None:
@@ -132,7 +151,9 @@ def bench_server(
     abort_fraction: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="Share of requests that leave after their first byte.")
     ] = 0.0,
-    sample_rate: Annotated[int, typer.Option(help="Rate of the returned audio.")] = 24000,
+    sample_rate: Annotated[
+        int | None, typer.Option(help="Ask for this output rate (OpenAI API; default: the model's).")
+    ] = None,
     timeout: Annotated[
         float, typer.Option(min=1.0, help="Seconds before a request counts as timed out.")
     ] = 300.0,

@@ -26,6 +26,7 @@ from cosyserve.bench.engine_bench import Percentiles
 
 Api = Literal["openai", "upstream"]
 TOKENS_PER_SECOND = 25
+MODEL_SAMPLE_RATE = 24000  # CosyVoice 2's output rate
 # Upstream's FastAPI server streams raw int16 mono PCM at the model's rate.
 UPSTREAM_FORMAT = "pcm"
 
@@ -37,7 +38,8 @@ class LoadOptions:
     ``prompt_text`` clone a voice (``/inference_zero_shot``; OpenAI API: not supported).
     ``tokens``: forced speech tokens per request (OpenAI API only; cosyserve extension).
     ``abort_fraction``: this share of requests disconnect after their first audio byte.
-    ``sample_rate``: the rate of the returned audio (the model's, 24 kHz, by default)."""
+    ``sample_rate``: asked of the OpenAI route (None: the model's, 24 kHz); it is also how
+    PCM bodies are measured."""
 
     url: str
     concurrency: tuple[int, ...] = (1, 4, 16)
@@ -52,7 +54,7 @@ class LoadOptions:
     prompt_text: str = ""
     abort_fraction: float = 0.0
     timeout_s: float = 300.0
-    sample_rate: int = 24000
+    sample_rate: int | None = None
     warm_connections: bool = True
 
     def __post_init__(self) -> None:
@@ -64,6 +66,8 @@ class LoadOptions:
             raise ValueError("the upstream API needs a voice (spk_id) or a prompt recording")
         if self.api == "upstream" and self.tokens is not None:
             raise ValueError("forced token counts are an OpenAI-route extension")
+        if self.api == "upstream" and self.sample_rate is not None:
+            raise ValueError("upstream's routes return the model's rate only")
         if not 0.0 <= self.abort_fraction <= 1.0:
             raise ValueError("abort_fraction must be within 0-1")
 
@@ -229,6 +233,8 @@ def _request(options: LoadOptions) -> tuple[str, str, dict[str, Any]]:
         }
         if options.tokens is not None:
             body |= {"min_tokens": options.tokens, "max_tokens": options.tokens}
+        if options.sample_rate is not None:
+            body["sample_rate"] = options.sample_rate
         return "POST", "/v1/audio/speech", {"json": body}
     if options.voice is not None:
         return "POST", "/inference_sft", {"data": {"tts_text": options.text, "spk_id": options.voice}}
@@ -240,7 +246,7 @@ def _request(options: LoadOptions) -> tuple[str, str, dict[str, Any]]:
 def _audio_seconds(body: bytes, options: LoadOptions) -> float | None:
     fmt = options.audio_format
     if fmt == "pcm":
-        return len(body) / 2 / options.sample_rate
+        return len(body) / 2 / (options.sample_rate or MODEL_SAMPLE_RATE)
     if fmt == "wav":
         return wav_seconds(body)
     return None if options.tokens is None else options.tokens / TOKENS_PER_SECOND
