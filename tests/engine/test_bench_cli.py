@@ -6,15 +6,19 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from cosyserve.cli import app
+from cosyserve.cli_bench import FlowCache
+from cosyserve.engine.config import FLOW_CACHE_MODES
 
 
 def test_bench_engine_reports_every_level(tiny_model_dir: Path, tmp_path: Path) -> None:
     out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
     args = ["bench", "engine", "--model-dir", str(tiny_model_dir), "--tokens", "12", "--concurrency", "1,3"]
     args += ["--stream", "--first-hop", "5", "--prompt-seconds", "0.4", "--rounds", "1", "--no-progress"]
+    args += ["--flow-cache", "exact"]
     result = CliRunner().invoke(app, [*args, "--json", str(out_json), "--markdown", str(out_md)])
     assert result.exit_code == 0, result.output
     report = json.loads(out_json.read_text())
+    assert report["flow_cache"] == "exact"
     assert [level["concurrency"] for level in report["levels"]] == [1, 3]
     assert [level["requests"] for level in report["levels"]] == [1, 3]
     for level in report["levels"]:
@@ -25,6 +29,8 @@ def test_bench_engine_reports_every_level(tiny_model_dir: Path, tmp_path: Path) 
         assert abs(level["audio_s_per_s"] * level["wall_s"] - 0.48 * level["requests"]) < 0.05
         assert abs(level["lm_tokens_per_s"] * level["wall_s"] - 12 * level["requests"]) < 1e-6
         assert level["peak_rss_mb"] > 0
+        assert all(level["stage_s"][stage] > 0 for stage in ("prefill", "decode", "flow", "hift"))
+        assert sum(level["stage_s"].values()) < level["wall_s"]
     table = out_md.read_text()
     assert result.stdout == table
     rows = [line for line in table.splitlines() if line.startswith("| ")]
@@ -37,3 +43,7 @@ def test_bench_engine_rejects_bad_levels(tiny_model_dir: Path) -> None:
     )
     assert result.exit_code == 2
     assert "comma-separated" in result.stderr
+
+
+def test_the_cli_offers_every_flow_cache_mode() -> None:
+    assert tuple(m.value for m in FlowCache) == FLOW_CACHE_MODES

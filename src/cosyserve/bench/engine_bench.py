@@ -8,6 +8,7 @@ speaks its own text with the same voice and forces ``tokens`` speech tokens.
 """
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ import torch
 
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.async_engine import AsyncEngine
-from cosyserve.engine.config import EngineConfig
+from cosyserve.engine.config import EngineConfig, FlowCacheMode
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.request import GenerationSpec
 from cosyserve.errors import InvalidRequestError
@@ -31,7 +32,8 @@ WARM_UP_TOKENS = 30
 
 @dataclass(frozen=True)
 class BenchOptions:
-    """What to run. ``first_hop``: tokens in a stream's first chunk (None: upstream's)."""
+    """What to run. ``first_hop``: tokens in a stream's first chunk (None: upstream's);
+    ``flow_cache``: the engine's streaming flow mode (None: the engine's default)."""
 
     tokens: int = 150
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -40,6 +42,7 @@ class BenchOptions:
     rounds: int = 2
     seed: int = 0
     first_hop: int | None = None
+    flow_cache: FlowCacheMode | None = None
     warm_up: bool = True
 
     def __post_init__(self) -> None:
@@ -77,7 +80,8 @@ class LevelResult:
     ``lm_tokens_per_s``: speech tokens generated per wall second (all requests);
     ``lm_busy_tokens_per_s``: the same per second the LM actually ran (prefill + decode).
     ``peak_rss_mb``: the process's peak RSS during the level (``rss_peak_is_level``: False
-    where the kernel would not reset the peak, so it is the peak since start)."""
+    where the kernel would not reset the peak, so it is the peak since start).
+    ``stage_s``: engine seconds per stage (prefill, decode, flow, hift) during the level."""
 
     concurrency: int
     requests: int
@@ -92,6 +96,7 @@ class LevelResult:
     rss_peak_is_level: bool
     prefix_reused_positions: int
     prefill_positions: int
+    stage_s: dict[str, float]
     load_average: tuple[float, float, float]
 
 
@@ -101,6 +106,7 @@ class BenchReport:
     options: BenchOptions
     torch_threads: int
     cpu_count: int
+    flow_cache: str
     load_average_before: tuple[float, float, float]
     levels: list[LevelResult] = field(default_factory=list)
 
@@ -116,12 +122,15 @@ def run_engine_bench(
     voice = synthetic_voice(hp, options.prompt_seconds, seed=options.seed, name="bench")
     top = max(options.concurrency)
     config = EngineConfig(max_active=top, max_waiting=top)
+    if options.flow_cache is not None:
+        config = dataclasses.replace(config, flow_cache=options.flow_cache)
     engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config))
     report = BenchReport(
         model_dir=str(model.model_dir.root),
         options=options,
         torch_threads=torch.get_num_threads(),
         cpu_count=os.cpu_count() or 1,
+        flow_cache=config.flow_cache,
         load_average_before=os.getloadavg(),
     )
     engine.start()
@@ -187,6 +196,10 @@ def _measure(
         rss_peak_is_level=peak_reset,
         prefix_reused_positions=(prefix.stats.reused_positions if prefix is not None else 0) - reused_before,
         prefill_positions=after.prefill_tokens - before.prefill_tokens,
+        stage_s={
+            stage: getattr(after, f"{stage}_s") - getattr(before, f"{stage}_s")
+            for stage in ("prefill", "decode", "flow", "hift")
+        },
         load_average=os.getloadavg(),
     )
 
