@@ -16,7 +16,11 @@ import typer
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
-    app.command("serve")(serve)
+    from cosyserve.settings import settings_reference
+
+    lines = [f"{name} ({env}) = {default}: {text}" for name, env, default, text in settings_reference()]
+    epilog = "Every setting (TOML key, environment variable, default):\n\n" + "\n\n".join(lines)
+    app.command("serve", epilog=epilog)(serve)
 
 
 def serve(

@@ -208,3 +208,14 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
         return f"unknown setting {name!r}{where}"
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return f"invalid setting {name}: {first['msg']}{more}"
+
+
+def settings_reference() -> list[tuple[str, str, str, str]]:
+    """(name, environment variable, default, description) of every setting, in order;
+    ``serve --help`` and the README show them."""
+    rows = []
+    for name, info in Settings.model_fields.items():
+        default = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]
+        shown = "(none)" if default is None or default == "" else str(default)
+        rows.append((name, f"COSYSERVE_{name.upper()}", shown, (info.description or "").strip()))
+    return rows
