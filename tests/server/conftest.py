@@ -144,3 +144,23 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         tiny_model_dir, tmp_path_factory.mktemp("server"), max_active=2, max_queued=2
     ) as process:
         yield process
+
+
+IDLE_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(autouse=True)
+def _shared_server_idle(request: pytest.FixtureRequest) -> None:
+    """Tests on the shared server start with nothing in flight: a client that disconnected
+    in an earlier test is only noticed (and its slot freed) a moment later, and a test
+    that needs the server's capacity must not meet that leftover as a 429."""
+    if "server" not in request.fixturenames:
+        return
+    server: ServerProcess = request.getfixturevalue("server")
+    deadline = time.monotonic() + IDLE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        state = server.ready().json()
+        if state.get("in_flight", 0) == 0 and state.get("engine_requests", 0) == 0:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"the shared server stayed busy for {IDLE_TIMEOUT_S} s: {state}")
