@@ -3,15 +3,16 @@
     cosyserve model init /tmp/cv2-full --size full --seed 0      # once, 3.3 GB
     python benchmarks/precision_quality.py /tmp/cv2-full --out /tmp/precision.json
 
-Each setting (``DTYPE[+QUANT]``, e.g. ``fp32``, ``bf16``, ``fp32+int8``) is loaded in a
-fresh process, so load time and peak RSS are its own, and runs the same fixed inputs:
+Each setting (``DTYPE[+QUANT][+compile]``, e.g. ``fp32``, ``bf16``, ``fp32+int8``,
+``bf16+compile``) is loaded in a fresh process, so load time (with compilation and its
+warm-up) and peak RSS are its own, and runs the same fixed inputs:
 
 - LM, teacher-forced over ``--text`` random text ids + ``--prompt`` prompt speech tokens +
   ``--tokens`` speech tokens: top-1 agreement of the speech logits with float32 (the
   positions predicting a speech token), max/mean |logit error|, mean KL(fp32 || setting)
   of the sampling distributions; time of that forward pass.
 - LM decode step time at batch 1 and 16 (``--context`` cached positions per sequence,
-  KV cache in the setting's dtype), median of ``--steps`` steps.
+  KV cache in the setting's dtype), median and fastest of ``--steps`` steps.
 - Flow, non-streaming, ``--tokens`` tokens after the ``--prompt``-token prompt: max/mean
   |mel error| and time.
 - HiFT on the float32 flow's mel (the same input for every setting) with a fixed
@@ -19,9 +20,12 @@ fresh process, so load time and peak RSS are its own, and runs the same fixed in
   With ``bf16``, HiFT's convolutions are also run under CPU autocast (bf16) to show what
   bf16 would cost there (HiFT itself always loads in float32).
 
-The 1-minute load average is recorded with every setting: on a shared machine compare
-times only between rows of similar load. Results go to ``--out`` (JSON) and stdout
-(markdown).
+Times of the LM forward, flow and HiFT are the fastest of ``--repeats`` runs. The
+1-minute load average is recorded with every setting: on a shared machine compare times
+only between rows of similar load, and prefer ``--threads 1`` there (with two threads and
+a busy peer core, every small op waits at an OpenMP barrier for a descheduled thread,
+which turns microsecond kernels into milliseconds). Results go to ``--out`` (JSON) and
+stdout (markdown).
 """
 
 import argparse
@@ -62,6 +66,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=150, help="speech tokens to score / vocode")
     parser.add_argument("--context", type=int, default=32, help="cached positions per sequence when decoding")
     parser.add_argument("--steps", type=int, default=10, help="timed decode steps per batch size")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs of the LM forward, flow and HiFT (best kept)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads per setting (default: torch's choice)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="write all results here as JSON")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--workdir", type=Path, default=None, help=argparse.SUPPRESS)
@@ -83,15 +93,17 @@ def main() -> None:
     print(_markdown(results))
 
 
-def parse_setting(setting: str) -> tuple[str, str]:
-    """``bf16+int8`` -> ("bf16", "int8"); ``fp32`` -> ("fp32", "none")."""
-    dtype, _, quantize = setting.partition("+")
-    return dtype, quantize or "none"
+def parse_setting(setting: str) -> tuple[str, str, bool]:
+    """``bf16+int8`` -> ("bf16", "int8", False); ``fp32+compile`` -> ("fp32", "none", True)."""
+    dtype, *extras = setting.split("+")
+    compile_lm = "compile" in extras
+    quantize = [extra for extra in extras if extra != "compile"]
+    return dtype, quantize[0] if quantize else "none", compile_lm
 
 
 def _spawn(args: argparse.Namespace, setting: str, workdir: Path) -> dict[str, Any]:
     command = [sys.executable, __file__, str(args.model_dir), "--worker", setting, "--workdir", str(workdir)]
-    for name in ("text", "prompt", "tokens", "context", "steps"):
+    for name in ("text", "prompt", "tokens", "context", "steps", "repeats", "threads"):
         command += [f"--{name}", str(getattr(args, name))]
     print(f"# {setting}: load average {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
     done = subprocess.run(command, check=True, capture_output=True, text=True)
@@ -101,34 +113,42 @@ def _spawn(args: argparse.Namespace, setting: str, workdir: Path) -> dict[str, A
 
 def run_setting(args: argparse.Namespace, setting: str, workdir: Path) -> dict[str, Any]:
     """Load one setting, run the fixed inputs, save outputs under ``workdir``, return timings."""
-    dtype, quantize = parse_setting(setting)
+    dtype, quantize, compile_lm = parse_setting(setting)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     load_avg_before = os.getloadavg()[0]
     start = time.perf_counter()
-    model = load_model(args.model_dir, dtype=dtype, quantize=quantize)
+    model = load_model(args.model_dir, dtype=dtype, quantize=quantize, compile=compile_lm)
     load_s = time.perf_counter() - start
     load_peak_mb = _peak_rss_mb()
+    load_anon_mb = _anon_rss_mb()
     inputs = _inputs(model, args)
     out: dict[str, Any] = {"setting": setting, "precision": model.precision.describe(), "load_s": load_s}
+    out["threads"] = torch.get_num_threads()
     out["load_peak_rss_mb"] = load_peak_mb
+    out["load_anon_rss_mb"] = load_anon_mb
 
     with torch.inference_mode():
-        logits, out["lm_forward_s"] = _timed(lambda: _teacher_forced(model, inputs))
+        logits, out["lm_forward_s"] = _timed(lambda: _teacher_forced(model, inputs), args.repeats)
         np.save(workdir / f"{setting}.logits.npy", logits)
         for batch in (1, 16):
-            out[f"decode_b{batch}_ms"] = 1000 * _decode_step_s(model, batch, args)
-        mel, out["flow_s"] = _timed(lambda: _flow(model, inputs))
+            times = _decode_step_times(model, batch, args)
+            out[f"decode_b{batch}_ms"] = 1000 * statistics.median(times)
+            out[f"decode_b{batch}_min_ms"] = 1000 * min(times)
+        mel, out["flow_s"] = _timed(lambda: _flow(model, inputs), args.repeats)
         np.save(workdir / f"{setting}.mel.npy", mel)
         ref_mel_path = workdir / "fp32.mel.npy"
         ref_mel = torch.from_numpy(np.load(ref_mel_path) if ref_mel_path.exists() else mel)
-        wave, out["hift_s"] = _timed(lambda: _vocode(model.hift, ref_mel))
+        wave, out["hift_s"] = _timed(lambda: _vocode(model.hift, ref_mel), args.repeats)
         np.save(workdir / f"{setting}.wave.npy", wave)
         np.save(workdir / f"{setting}.wave_e2e.npy", _vocode(model.hift, torch.from_numpy(mel)))
         if dtype == "bf16":
             wave_bf16, out["hift_autocast_bf16_s"] = _timed(
-                lambda: _vocode_autocast_bf16(model.hift, ref_mel)
+                lambda: _vocode_autocast_bf16(model.hift, ref_mel), args.repeats
             )
             np.save(workdir / f"{setting}.wave_hift_bf16.npy", wave_bf16)
     out["peak_rss_mb"] = _peak_rss_mb()
+    out["anon_rss_mb"] = _anon_rss_mb()
     out["load_avg_1m"] = [load_avg_before, os.getloadavg()[0]]
     return out
 
@@ -158,7 +178,7 @@ def _teacher_forced(model: LoadedModel, inputs: dict[str, torch.Tensor]) -> np.n
     return result
 
 
-def _decode_step_s(model: LoadedModel, batch: int, args: argparse.Namespace) -> float:
+def _decode_step_times(model: LoadedModel, batch: int, args: argparse.Namespace) -> list[float]:
     lm = model.lm
     cfg = lm.cfg.qwen
     max_len = args.context + args.steps + 4
@@ -176,7 +196,7 @@ def _decode_step_s(model: LoadedModel, batch: int, args: argparse.Namespace) -> 
         start = time.perf_counter()
         lm.decode(tokens, slots, cache)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
 
 
 def _flow(model: LoadedModel, inputs: dict[str, torch.Tensor]) -> np.ndarray:
@@ -252,14 +272,30 @@ def _mean_kl(ref_logits: np.ndarray, logits: np.ndarray) -> float:
     return float((ref_lp.exp() * (ref_lp - lp)).sum(-1).mean())
 
 
-def _timed(fn: Callable[[], _T]) -> tuple[_T, float]:
-    start = time.perf_counter()
-    value = fn()
-    return value, time.perf_counter() - start
+def _timed(fn: Callable[[], _T], repeats: int = 1) -> tuple[_T, float]:
+    """``fn()``'s value and its fastest wall time over ``repeats`` runs."""
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        value = fn()
+        best = min(best, time.perf_counter() - start)
+    return value, best
 
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _anon_rss_mb() -> float:
+    """Anonymous resident memory now (Linux): RSS without the clean, reclaimable pages of
+    memory-mapped checkpoints. 0 where /proc is unavailable."""
+    status = Path("/proc/self/status")
+    if not status.exists():
+        return 0.0
+    for line in status.read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def _argv_summary(args: argparse.Namespace) -> dict[str, Any]:
@@ -269,8 +305,8 @@ def _argv_summary(args: argparse.Namespace) -> dict[str, Any]:
 def _markdown(results: list[dict[str, Any]]) -> str:
     header = (
         "| setting | load avg | top-1 agree | logit max/mean err | KL | mel max/mean err "
-        "| HiFT wave SNR (same mel / e2e) | decode b1 / b16 ms | LM fwd s | flow s | HiFT s "
-        "| load s | peak RSS MB |"
+        "| HiFT wave SNR (same mel / e2e) | decode b1 / b16 ms, median (min) | LM fwd s | flow s | HiFT s "
+        "| load s | peak RSS MB (anon at end) |"
     )
     rows = [header, "|" + "---|" * 13]
     for r in results:
@@ -280,8 +316,10 @@ def _markdown(results: list[dict[str, Any]]) -> str:
             f"{r['lm_logit_max_err']:.3f} / {r['lm_logit_mean_err']:.4f} | {r['lm_kl_mean']:.2e} | "
             f"{r['flow_mel_max_err']:.3f} / {r['flow_mel_mean_err']:.4f} | "
             f"{r['wave_snr_db']:.1f} / {r['wave_e2e_snr_db']:.1f} dB | "
-            f"{r['decode_b1_ms']:.1f} / {r['decode_b16_ms']:.1f} | {r['lm_forward_s']:.2f} | "
-            f"{r['flow_s']:.2f} | {r['hift_s']:.2f} | {r['load_s']:.1f} | {r['peak_rss_mb']:.0f} |"
+            f"{r['decode_b1_ms']:.1f} ({r['decode_b1_min_ms']:.1f}) / "
+            f"{r['decode_b16_ms']:.1f} ({r['decode_b16_min_ms']:.1f}) | {r['lm_forward_s']:.2f} | "
+            f"{r['flow_s']:.2f} | {r['hift_s']:.2f} | {r['load_s']:.1f} | "
+            f"{r['peak_rss_mb']:.0f} ({r['anon_rss_mb']:.0f}) |"
         )
     for r in results:
         if "wave_hift_bf16_snr_db" in r:

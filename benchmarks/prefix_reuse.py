@@ -6,7 +6,7 @@ without it (docs/benchmarks.md has the figures).
 
 One voice (``--prompt-seconds`` of synthetic prompt), requests sized for ``--tokens`` speech
 tokens. Three cases, each timed ``--repeats`` times after a warm-up, in an engine with the
-cache and in one without:
+cache and in one without (taking turns):
 
 - ``new text``: every request speaks another text: only ``[sos] + prompt text`` (in whole
   blocks of 4 positions) can come from the cache;
@@ -39,10 +39,14 @@ def prefill(engine: Engine, spec: GenerationSpec) -> tuple[float, int]:
     return engine.stats.prefill_s - before_s, engine.stats.prefill_tokens - before_n
 
 
-def measure(model: LoadedModel, args: argparse.Namespace, cached: bool) -> dict[str, tuple[float, int]]:
+def measure(model: LoadedModel, args: argparse.Namespace) -> dict[str, dict[bool, tuple[float, int]]]:
+    """case -> {cached: (median prefill seconds, prefill positions)}. The two engines take
+    turns request by request, so that a machine whose load drifts favours neither."""
     hp = model.hparams
-    config = EngineConfig(max_active=1, prefix_cache_positions=2048 if cached else 0)
-    engine = Engine(model.lm, model.flow, model.hift, config)
+    engines = {
+        cached: Engine(model.lm, model.flow, model.hift, EngineConfig(max_active=1, prefix_cache_positions=n))
+        for cached, n in ((False, 0), (True, 2048))
+    }
     counter = iter(range(1_000_000))
 
     def spec(text_seed: int, voice_seed: int) -> GenerationSpec:
@@ -50,15 +54,21 @@ def measure(model: LoadedModel, args: argparse.Namespace, cached: bool) -> dict[
         text = synthetic_text_ids(hp, args.tokens, seed=text_seed)
         return synthetic_spec(f"r{next(counter)}", voice, text, tokens=args.tokens)
 
-    prefill(engine, spec(0, 0))  # warm-up (and voice 0 cached)
-    cases: dict[str, list[tuple[float, int]]] = {"cold": [], "new text": [], "same text": []}
+    runs: dict[str, dict[bool, list[tuple[float, int]]]] = {}
+    for engine in engines.values():
+        prefill(engine, spec(0, 0))  # warm-up (and voice 0 cached)
+        prefill(engine, spec(300, 0))  # the text repeated below
     for i in range(args.repeats):
-        cases["cold"].append(prefill(engine, spec(100 + i, 1000 + i)))
-        cases["new text"].append(prefill(engine, spec(200 + i, 0)))
-        same = spec(300, 0)
-        prefill(engine, same)
-        cases["same text"].append(prefill(engine, spec(300, 0)))
-    return {name: (statistics.median(t for t, _ in runs), runs[0][1]) for name, runs in cases.items()}
+        cases = {"cold": (100 + i, 1000 + i), "new text": (200 + i, 0), "same text": (300, 0)}
+        for case, seeds in cases.items():
+            for cached in (i % 2 == 0, i % 2 == 1):
+                runs.setdefault(case, {}).setdefault(cached, []).append(
+                    prefill(engines[cached], spec(*seeds))
+                )
+    return {
+        case: {cached: (statistics.median(t for t, _ in r), r[0][1]) for cached, r in by.items()}
+        for case, by in runs.items()
+    }
 
 
 def main() -> None:
@@ -69,11 +79,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     model = load_model(args.model_dir)
-    without, with_cache = measure(model, args, cached=False), measure(model, args, cached=True)
     print("| case | prefill positions (without / with) | prefill s, median (without / with) | saved |")
     print("|---|---:|---:|---:|")
-    for case in without:
-        (t0, n0), (t1, n1) = without[case], with_cache[case]
+    for case, by in measure(model, args).items():
+        (t0, n0), (t1, n1) = by[False], by[True]
         saved = f"{100 * (1 - t1 / t0):.0f} %" if t0 > 0 else "n/a"
         print(f"| {case} | {n0} / {n1} | {t0:.3f} / {t1:.3f} | {saved} |")
     sys.stdout.flush()

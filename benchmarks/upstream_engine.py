@@ -26,6 +26,7 @@ amount of work is the same. The report ends with the ratios against issue 4's ta
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -154,6 +155,8 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     model = load_model(model_dir)
     load_s = time.perf_counter() - start
     config = EngineConfig(max_active=max(8, args.streams), max_waiting=args.streams)
+    if args.flow_cache is not None:
+        config = dataclasses.replace(config, flow_cache=args.flow_cache)
     engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config))
     engine.start()
     counter = iter(range(1_000_000))
@@ -190,9 +193,10 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         wall, stream_samples = asyncio.run(streams())
     finally:
         engine.shutdown()
-    return _side_report(
+    report = _side_report(
         load_s, non_stream_s, samples / rate, first_audio_s, stream_s, stream_samples / rate, wall, peaks
     )
+    return report | {"flow_cache": config.flow_cache}
 
 
 # -- the two processes and the report --------------------------------------------------------
@@ -257,6 +261,8 @@ def _run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
         command += ["--threads", str(args.threads)]
     if args.first_hop is not None:
         command += ["--first-hop", str(args.first_hop)]
+    if args.flow_cache is not None:
+        command += ["--flow-cache", args.flow_cache]
     if not args.warm_up:
         command.append("--no-warm-up")
     load_before = os.getloadavg()
@@ -307,6 +313,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--first-hop", type=int, default=None, help="ours only (default: upstream's hop)")
+    parser.add_argument(
+        "--flow-cache",
+        choices=("exact", "cached", "incremental"),
+        default=None,
+        help="ours only: EngineConfig.flow_cache (default: the engine's)",
+    )
     parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
     parser.add_argument("--sides", default="upstream,ours", help="comma-separated: upstream, ours")
     parser.add_argument("--json", type=Path, default=None, help="write the reports and ratios here")
