@@ -22,6 +22,12 @@ class FlowCache(StrEnum):
 bench_app = typer.Typer(help="Measure the engine's latency and throughput.", no_args_is_help=True)
 
 
+# Report options shared by every bench command.
+_JsonOut = Annotated[Path | None, typer.Option("--json", help="Write the full report as JSON here.")]
+_MarkdownOut = Annotated[Path | None, typer.Option("--markdown", help="Write the Markdown table here.")]
+_Progress = Annotated[bool, typer.Option(help="Show a progress bar on stderr.")]
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
     app.add_typer(bench_app, name="bench")
@@ -69,13 +75,9 @@ def bench_engine(
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the prompt, texts and sampling.")] = 0,
     warm_up: Annotated[bool, typer.Option(help="Run one short request before measuring.")] = True,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write the full report as JSON here.")
-    ] = None,
-    markdown_out: Annotated[
-        Path | None, typer.Option("--markdown", help="Write the Markdown table here.")
-    ] = None,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar on stderr.")] = True,
+    json_out: _JsonOut = None,
+    markdown_out: _MarkdownOut = None,
+    progress: _Progress = True,
 ) -> None:
     """Latency percentiles, RTF, audio seconds per second, LM tokens/s and peak RSS per
     concurrency level, on a fixed synthetic workload with forced token counts."""
@@ -157,13 +159,9 @@ def bench_server(
     timeout: Annotated[
         float, typer.Option(min=1.0, help="Seconds before a request counts as timed out.")
     ] = 300.0,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write the full report as JSON here.")
-    ] = None,
-    markdown_out: Annotated[
-        Path | None, typer.Option("--markdown", help="Write the Markdown table here.")
-    ] = None,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar on stderr.")] = True,
+    json_out: _JsonOut = None,
+    markdown_out: _MarkdownOut = None,
+    progress: _Progress = True,
 ) -> None:
     """Load a running server over HTTP: time to first audio byte, latency percentiles,
     requests/s, audio seconds/s and errors by status, per concurrency level."""
