@@ -9,7 +9,10 @@ process exits. uvicorn's own task-cancelling timeout is only a backstop behind t
 Workers are spawned processes (not forks: the parent may have imported torch) sharing
 the parent's listening socket; each loads the model (memory-mapped, so the weight pages
 are shared) and runs its own engine. The parent forwards SIGTERM/SIGINT as SIGTERM and
-stops all workers if one of them exits on its own.
+SIGHUP as SIGHUP (reload the sensitive-word list). A worker that dies after it started
+(killed by the OOM killer, a crash) is replaced; a worker whose start fails, or workers
+that keep dying (more than ``_MAX_RESTARTS`` within ``_RESTART_WINDOW_S``), stop them all:
+a configuration or model problem is not fixed by starting again.
 """
 
 import asyncio
@@ -19,7 +22,10 @@ import multiprocessing
 import os
 import signal
 import socket
+import time
+from collections import deque
 from multiprocessing.connection import wait
+from multiprocessing.context import SpawnContext, SpawnProcess
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +44,9 @@ logger = logging.getLogger(__name__)
 _BACKSTOP_S = 5
 # Exit status of a worker whose start failed (model could not load, ...).
 _START_FAILED = 2
+# More worker deaths than this within the window stop the server instead of restarting.
+_MAX_RESTARTS = 5
+_RESTART_WINDOW_S = 60.0
 
 
 class ServerStartError(CosyserveError):
@@ -109,6 +118,9 @@ def _serve(settings: Settings, sock: socket.socket | None) -> bool:
 
 def _worker(env: dict[str, str], sock: socket.socket) -> None:
     """A worker process's entry point: settings come through the environment."""
+    # SIGHUP's default action kills; the app replaces this with its reload handler once
+    # it runs, and a worker still starting reads the files it needs anyway.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     os.environ.update(env)
     if not _serve(Settings.load(), sock):
         raise SystemExit(_START_FAILED)
@@ -117,25 +129,36 @@ def _worker(env: dict[str, str], sock: socket.socket) -> None:
 def _supervise(settings: Settings, sock: socket.socket) -> None:
     env = settings.to_env()
     context = multiprocessing.get_context("spawn")
-    workers = [
-        context.Process(target=_worker, args=(env, sock), daemon=False) for _ in range(settings.workers)
-    ]
+    workers = [_spawn(context, env, sock) for _ in range(settings.workers)]
+    restarts: deque[float] = deque()
     stopping = False
+    failure = ""
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
+    def on_stop(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
         stopping = True
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    def on_hangup(signum: int, frame: FrameType | None) -> None:
         for worker in workers:
-            worker.start()
-        while not stopping and all(w.exitcode is None for w in workers):
+            if worker.exitcode is None and worker.pid is not None:
+                os.kill(worker.pid, signal.SIGHUP)
+
+    handlers = {signal.SIGTERM: on_stop, signal.SIGINT: on_stop, signal.SIGHUP: on_hangup}
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+    try:
+        while not stopping and not failure:
             wait([w.sentinel for w in workers], timeout=0.5)
+            for index, worker in enumerate(workers):
+                if stopping or worker.exitcode is None:
+                    continue
+                failure = _restart_refusal(worker, restarts)
+                if failure:
+                    break
+                logger.error("worker %d exited (status %s); starting a new one", worker.pid, worker.exitcode)
+                workers[index] = _spawn(context, env, sock)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        crashed = [w for w in workers if w.exitcode is not None]
         for worker in workers:
             if worker.exitcode is None and worker.pid is not None:
                 os.kill(worker.pid, signal.SIGTERM)
@@ -144,9 +167,28 @@ def _supervise(settings: Settings, sock: socket.socket) -> None:
             if worker.exitcode is None:
                 worker.kill()
                 worker.join()
-    if crashed and not stopping:
-        codes = ", ".join(str(w.exitcode) for w in crashed)
-        raise ServerStartError(f"a worker process exited (status {codes}); all workers stopped")
+    if failure:
+        raise ServerStartError(f"{failure}; all workers stopped")
+
+
+def _spawn(context: SpawnContext, env: dict[str, str], sock: socket.socket) -> SpawnProcess:
+    worker = context.Process(target=_worker, args=(env, sock), daemon=False)
+    worker.start()
+    return worker
+
+
+def _restart_refusal(worker: SpawnProcess, restarts: deque[float]) -> str:
+    """Why ``worker``, which has exited, must not be replaced; empty if it may be.
+    ``restarts`` holds the times of recent replacements and records this one."""
+    if worker.exitcode == _START_FAILED:
+        return f"a worker process could not start (status {worker.exitcode})"
+    now = time.monotonic()
+    while restarts and now - restarts[0] > _RESTART_WINDOW_S:
+        restarts.popleft()
+    if len(restarts) >= _MAX_RESTARTS:
+        return f"worker processes exited {len(restarts) + 1} times within {_RESTART_WINDOW_S:.0f} s"
+    restarts.append(now)
+    return ""
 
 
 def _uvicorn_config(settings: Settings, app: Any = None) -> uvicorn.Config:
