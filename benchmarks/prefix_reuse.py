@@ -23,10 +23,9 @@ import sys
 from pathlib import Path
 
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
-from cosyserve.engine.config import EngineConfig
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.request import GenerationSpec
-from cosyserve.loader import LoadedModel, load_model
+from cosyserve.loader import LoadedModel, engine_config_for, load_model
 
 
 def prefill(engine: Engine, spec: GenerationSpec) -> tuple[float, int]:
@@ -44,7 +43,9 @@ def measure(model: LoadedModel, args: argparse.Namespace) -> dict[str, dict[bool
     turns request by request, so that a machine whose load drifts favours neither."""
     hp = model.hparams
     engines = {
-        cached: Engine(model.lm, model.flow, model.hift, EngineConfig(max_active=1, prefix_cache_positions=n))
+        cached: Engine(
+            model.lm, model.flow, model.hift, engine_config_for(model, max_active=1, prefix_cache_positions=n)
+        )
         for cached, n in ((False, 0), (True, 2048))
     }
     counter = iter(range(1_000_000))

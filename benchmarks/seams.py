@@ -33,8 +33,8 @@ from typing import cast
 import numpy as np
 import torch
 
-from cosyserve.engine.config import FLOW_CACHE_MODES, EngineConfig, FlowCacheMode
-from cosyserve.loader import LoadedModel, load_model
+from cosyserve.engine.config import FLOW_CACHE_MODES, FlowCacheMode
+from cosyserve.loader import LoadedModel, engine_config_for, load_model
 from cosyserve.modeldir.generate import init_model_dir
 from cosyserve.models.hift.generator import HiFTGenerator
 from cosyserve.models.hift.source import Excitation
@@ -107,7 +107,7 @@ class Run:
         request = SynthesisRequest(
             "", Mode.ZERO_SHOT, self.voice, speech_tokens=self.tokens, stream=stream, options=opts
         )
-        config = EngineConfig(max_active=1, flow_cache=self.flow_cache)
+        config = engine_config_for(model, max_active=1, flow_cache=self.flow_cache)
         return list(Synthesizer(model, config).stream(request))
 
 

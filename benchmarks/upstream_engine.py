@@ -3,7 +3,7 @@
 One command (docs/benchmarks.md has the full-size one and its results):
 
     .venv/bin/python benchmarks/upstream_engine.py --model-dir DIR [--tokens 150] [--streams 8]
-        [--prompt-seconds 3] [--json out.json]
+        [--prompt-seconds 3] [--dtype bf16] [--quantize int8] [--json out.json]
 
 Both sides get the same synthetic zero-shot prompt (``--prompt-seconds`` of random prompt
 tokens, mel and embedding, and a transcript), the same text ids and exactly ``--tokens``
@@ -21,7 +21,9 @@ peak RSS is its own, and measures, after one short warm-up request:
 Upstream is the test-only reference (``cosyvoice-minicpmo``), built by
 ``tests/pipeline/upstream_model.py`` with the stand-ins of ``tests/upstream.py``; it runs in
 fp32 on CPU with its own sampling (global RNG), so its tokens differ from ours; only the
-amount of work is the same. The report ends with the ratios against issue 4's targets.
+amount of work is the same. ``--dtype`` and ``--quantize`` load our side in that precision
+(its KV cache follows); upstream stays fp32. The report ends with the ratios against issue
+4's targets.
 """
 
 import argparse
@@ -45,6 +47,7 @@ if str(REPO) not in sys.path:  # tests/ (the upstream stand-ins) is not an insta
 from cosyserve.bench.engine_bench import peak_rss_mb, reset_peak_rss  # noqa: E402
 from cosyserve.bench.workload import synthetic_text_ids, synthetic_voice  # noqa: E402
 from cosyserve.modeldir.layout import ModelDir  # noqa: E402
+from cosyserve.models.precision_choices import Dtype, Quantization  # noqa: E402
 from cosyserve.pipeline.voice import VoicePrompt  # noqa: E402
 
 WARM_UP_TOKENS = 10
@@ -146,15 +149,14 @@ def run_upstream(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
 def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     from cosyserve.bench.workload import synthetic_spec
     from cosyserve.engine.async_engine import AsyncEngine
-    from cosyserve.engine.config import EngineConfig
     from cosyserve.engine.engine import Engine
-    from cosyserve.loader import load_model
+    from cosyserve.loader import engine_config_for, load_model
 
     voice, texts, rate = workload(model_dir, args)
     start = time.perf_counter()
-    model = load_model(model_dir)
+    model = load_model(model_dir, dtype=args.dtype, quantize=args.quantize)
     load_s = time.perf_counter() - start
-    config = EngineConfig(max_active=max(8, args.streams), max_waiting=args.streams)
+    config = engine_config_for(model, max_active=max(8, args.streams), max_waiting=args.streams)
     if args.flow_cache is not None:
         config = dataclasses.replace(config, flow_cache=args.flow_cache)
     engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config))
@@ -196,7 +198,11 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     report = _side_report(
         load_s, non_stream_s, samples / rate, first_audio_s, stream_s, stream_samples / rate, wall, peaks
     )
-    return report | {"flow_cache": config.flow_cache}
+    precision = {
+        "precision": model.precision.describe(),
+        "kv_cache_dtype": str(config.dtype).removeprefix("torch."),
+    }
+    return report | {"flow_cache": config.flow_cache} | precision
 
 
 # -- the two processes and the report --------------------------------------------------------
@@ -263,6 +269,7 @@ def _run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
         command += ["--first-hop", str(args.first_hop)]
     if args.flow_cache is not None:
         command += ["--flow-cache", args.flow_cache]
+    command += ["--dtype", args.dtype, "--quantize", args.quantize]
     if not args.warm_up:
         command.append("--no-warm-up")
     load_before = os.getloadavg()
@@ -319,6 +326,18 @@ def main() -> None:
         default=None,
         help="ours only: EngineConfig.flow_cache (default: the engine's)",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=[d.value for d in Dtype],
+        default=Dtype.FP32.value,
+        help="ours only (upstream: fp32)",
+    )
+    parser.add_argument(
+        "--quantize",
+        choices=[q.value for q in Quantization],
+        default=Quantization.NONE.value,
+        help="ours only: LM weight quantization (upstream: none)",
+    )
     parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
     parser.add_argument("--sides", default="upstream,ours", help="comma-separated: upstream, ours")
     parser.add_argument("--json", type=Path, default=None, help="write the reports and ratios here")
@@ -336,7 +355,8 @@ def main() -> None:
     ratios = _ratios(reports) if len(reports) == 2 else None
     print(
         f"{args.tokens} tokens ({args.tokens / 25:.2f} s of audio) per request, {args.streams} streams, "
-        f"{args.prompt_seconds:g} s prompt; /proc/loadavg before: {uptime}"
+        f"{args.prompt_seconds:g} s prompt; ours {args.dtype}/{args.quantize}, upstream fp32; "
+        f"/proc/loadavg before: {uptime}"
     )
     print(_table(reports, ratios), end="")
     if args.json is not None:

@@ -302,3 +302,45 @@ def test_missing_model_dir_says_how_to_make_one(tmp_path: Path) -> None:
     assert result.stderr.count("\n") == 1
     assert f"error: model directory {missing} does not exist" in result.stderr
     assert "--model-dir" in result.stderr and "cosyserve model init DIR --size full" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "precision", "kv_cache_dtype"),
+    [
+        (["--dtype", "bf16"], "bf16/none on cpu (lm bfloat16, flow bfloat16, hift float32)", "bfloat16"),
+        (["--quantize", "int8"], "fp32/int8 on cpu (lm float32, flow float32, hift float32)", "float32"),
+    ],
+)
+def test_precision_flags(
+    flags: list[str], precision: str, kv_cache_dtype: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out.wav"
+    report = _json_run(
+        tiny_model_dir, "Hello.", "--speaker", "英文男", "--tokens", "5", "-o", str(out), *flags
+    )
+    # kv_cache_dtype is read from the engine's cache tensors, not from the flags.
+    assert (report["precision"], report["kv_cache_dtype"]) == (precision, kv_cache_dtype)
+    assert _read_wav(out).shape == (5 * SAMPLES_PER_TOKEN,)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message", "advice"),
+    [
+        (["--dtype", "fp16"], "error: fp16 needs a CUDA device", "on CPU use --dtype bf16 or fp32"),
+        (
+            ["--quantize", "int4"],
+            "error: int4 quantization needs a CUDA device",
+            "on CPU use --quantize int8",
+        ),
+        (["--dtype", "fp8"], "error: Invalid value for '--dtype'", "'fp32', 'bf16', 'fp16'"),
+    ],
+)
+def test_precision_this_machine_cannot_run_is_one_line(
+    flags: list[str], message: str, advice: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out.wav"
+    result = _synth(tiny_model_dir, "Hello.", "--speaker", "英文男", "--tokens", "5", "-o", str(out), *flags)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(message) and result.stderr.count("\n") == 1, result.stderr
+    assert advice in result.stderr
+    assert not out.exists()

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from cosyserve.cli_precision import device_option, dtype_option, quantize_option
+from cosyserve.models.precision_choices import Dtype, Quantization
 from cosyserve.paths import default_model_dir, require_model_dir
 
 
@@ -73,6 +75,9 @@ def bench_engine(
         ),
     ] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
+    dtype: Annotated[Dtype, dtype_option()] = Dtype.FP32,
+    quantize: Annotated[Quantization, quantize_option()] = Quantization.NONE,
+    device: Annotated[str, device_option()] = "cpu",
     seed: Annotated[int, typer.Option(min=0, help="Seed of the prompt, texts and sampling.")] = 0,
     warm_up: Annotated[bool, typer.Option(help="Run one short request before measuring.")] = True,
     json_out: _JsonOut = None,
@@ -104,7 +109,9 @@ def bench_engine(
     )
     if threads is not None:
         torch.set_num_threads(threads)
-    model = load_model(require_model_dir(model_dir or default_model_dir()))
+    model = load_model(
+        require_model_dir(model_dir or default_model_dir()), dtype=dtype, quantize=quantize, device=device
+    )
     columns = (
         TextColumn("concurrency {task.fields[level]:>3}"),
         BarColumn(),

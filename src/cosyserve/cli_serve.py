@@ -13,6 +13,9 @@ from typing import Annotated
 
 import typer
 
+from cosyserve.cli_precision import device_option, dtype_option, quantize_option
+from cosyserve.models.precision_choices import Dtype, Quantization
+
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
@@ -48,9 +51,17 @@ def serve(
     auth_mode: Annotated[
         str | None, typer.Option(help="on: credentials required (auth_* settings); none: open [default: on].")
     ] = None,
+    dtype: Annotated[Dtype | None, dtype_option()] = None,
+    quantize: Annotated[Quantization | None, quantize_option()] = None,
+    device: Annotated[str | None, device_option()] = None,
+    compile: Annotated[
+        bool | None,
+        typer.Option("--compile/--no-compile", help="torch.compile the LM's MLPs (unquantized LM only)."),
+    ] = None,
 ) -> None:
     """Run the speech server (OpenAI-compatible HTTP API, and gRPC)."""
     # Imported here so that other commands (and --help) do not pay for the server stack.
+    from cosyserve.models.precision import Precision
     from cosyserve.paths import require_model_dir
     from cosyserve.server.runner import run
     from cosyserve.settings import Settings
@@ -72,7 +83,13 @@ def serve(
         log_format=log_format,
         log_text_chars=log_text_chars,
         auth_mode=auth_mode,
+        dtype=dtype,
+        quantize=quantize,
+        device=device,
+        compile=compile,
     )
     require_model_dir(settings.model_dir)  # a wrong path fails here, in one line
+    # So does a precision this machine cannot run (e.g. fp16 on CPU), before any worker starts.
+    Precision.resolve(settings.dtype, settings.quantize, settings.device, settings.compile)
 
     run(settings)

@@ -24,7 +24,9 @@ from typer._click.core import Context  # typer 0.29 vendors click and re-exports
 from typer._click.exceptions import UsageError
 from typer.core import TyperCommand
 
+from cosyserve.cli_precision import device_option, dtype_option, quantize_option
 from cosyserve.errors import InvalidRequestError, PromptAudioError
+from cosyserve.models.precision_choices import Dtype, Quantization
 from cosyserve.paths import default_model_dir, require_model_dir
 from cosyserve.synth_report import StageCounters, SynthReport
 
@@ -99,6 +101,9 @@ class Job:
     min_tokens: int | None
     max_tokens: int | None
     first_hop: int | None
+    dtype: Dtype
+    quantize: Quantization
+    device: str
 
 
 class _OneLineErrors(TyperCommand):
@@ -157,6 +162,9 @@ def synth(
     tokens: Annotated[
         int | None, typer.Option(min=1, help="Exactly N speech tokens (N x 0.04 s) per sentence.")
     ] = None,
+    dtype: Annotated[Dtype, dtype_option()] = Dtype.FP32,
+    quantize: Annotated[Quantization, quantize_option()] = Quantization.NONE,
+    device: Annotated[str, device_option()] = "cpu",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Synthesise TEXT into a WAV file and report the time spent in each stage."""
@@ -196,6 +204,9 @@ def synth(
         min_tokens=min_tokens,
         max_tokens=max_tokens,
         first_hop=first_hop,
+        dtype=dtype,
+        quantize=quantize,
+        device=device,
     )
     report = run(root, job, output)
     if as_json:
@@ -248,7 +259,7 @@ def run(root: Path, job: Job, output: Path) -> SynthReport:
         raise InvalidRequestError("--speed is only supported without --stream")
 
     start = time.perf_counter()
-    synth = Synthesizer.from_model_dir(root)
+    synth = Synthesizer.from_model_dir(root, dtype=job.dtype, quantize=job.quantize, device=job.device)
     model_load_s = time.perf_counter() - start
     max_len = synth.engine.config.max_len
     if job.max_tokens is not None and job.max_tokens > max_len:
@@ -294,6 +305,8 @@ def run(root: Path, job: Job, output: Path) -> SynthReport:
         text_frontend_s=frontend_s - prompt_features_s,
         engine=StageCounters.between(before, synth.engine.stats.snapshot()),
         peak_rss_mib=_peak_rss_mib(),
+        precision=synth.model.precision.describe(),
+        kv_cache_dtype=str(synth.engine.lm_runner.cache.k.dtype).removeprefix("torch."),
     )
 
 

@@ -4,9 +4,11 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from cosyserve.engine.config import EngineConfig
 from cosyserve.frontend.features import PromptFeatureExtractor
 from cosyserve.modeldir.hparams import ModelHParams
 from cosyserve.modeldir.layout import ModelDir
@@ -87,6 +89,14 @@ def load_model(
     )
     logger.info("loaded %s, %s, in %.1f s", model_dir.root, precision.describe(), time.perf_counter() - start)
     return model
+
+
+def engine_config_for(model: LoadedModel, **overrides: Any) -> EngineConfig:
+    """Engine options for ``model``: its KV cache in ``model.precision.kv_cache_dtype`` on
+    ``model.precision.device``, so a bf16 model gets a bf16 cache; ``overrides`` set the
+    other :class:`EngineConfig` fields (``max_active``, ``flow_cache``, ...), not those two."""
+    precision = model.precision
+    return EngineConfig(dtype=precision.kv_cache_dtype, device=precision.device, **overrides)
 
 
 def _load_lm(model_dir: ModelDir, hp: ModelHParams, precision: Precision) -> CosyVoice2LM:

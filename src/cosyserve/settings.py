@@ -22,6 +22,7 @@ from pydantic_settings import (
 )
 
 from cosyserve.errors import CosyserveError
+from cosyserve.models.precision_choices import Dtype, Quantization
 from cosyserve.paths import cache_dir, default_model_dir
 
 ENV_PREFIX = "COSYSERVE_"
@@ -55,6 +56,21 @@ class Settings(BaseSettings):
         default_factory=default_model_dir,
         description="CosyVoice2-0.5B model directory (default: $COSYSERVE_MODEL_DIR, else "
         "~/.cache/cosyserve/models/CosyVoice2-0.5B).",
+    )
+    # Precision (cosyserve.models.precision, docs/precision.md); checked against the machine at start.
+    dtype: Dtype = Field(
+        Dtype.FP32, description="LM and flow dtype: fp32, bf16, or fp16 (CUDA only); HiFT stays fp32."
+    )
+    quantize: Quantization = Field(
+        Quantization.NONE,
+        description="LM weight quantization: none, int8, int8wo (int8 weights only), or int4 (CUDA only).",
+    )
+    device: str = Field(
+        "cpu", min_length=1, description="Device of the model and the KV cache: cpu or cuda[:N]."
+    )
+    compile: bool = Field(
+        False,
+        description="torch.compile the LM's MLPs (unquantized LM only; slower start, see docs/precision.md).",
     )
     host: str = Field("127.0.0.1", min_length=1, description="HTTP (and gRPC) listen address.")
     port: int = Field(8000, ge=0, le=65535, description="HTTP port (0: any free port).")

@@ -48,6 +48,8 @@ class SynthReport:
     and prompt mel (and the prompt transcript's normalisation).
     ``text_frontend_s``: normalising and splitting the text to speak.
     ``peak_rss_mib``: the process's peak resident memory, model load included.
+    ``precision``: how the model was loaded (``Precision.describe()``); ``kv_cache_dtype``:
+    the dtype of the engine's KV cache tensors (e.g. ``bfloat16``).
     """
 
     output: str
@@ -65,6 +67,8 @@ class SynthReport:
     text_frontend_s: float
     engine: StageCounters
     peak_rss_mib: float
+    precision: str
+    kv_cache_dtype: str
 
     @property
     def rtf(self) -> float | None:
@@ -120,6 +124,8 @@ class SynthReport:
                 "hift_calls": e.hift_calls,
             },
             "peak_rss_mib": self.peak_rss_mib,
+            "precision": self.precision,
+            "kv_cache_dtype": self.kv_cache_dtype,
         }
 
     def lines(self) -> list[str]:
@@ -135,7 +141,8 @@ class SynthReport:
             f"wrote {self.output}: {self.audio_s:.2f} s of audio at {self.sample_rate} Hz "
             f"({self.mode}, {how}, seed {self.seed})",
             f"wall {self.wall_s:.3f} s  RTF {rtf}  {first}",
-            f"  model load  {self.model_load_s:9.3f} s  (not in wall)",
+            f"  model load  {self.model_load_s:9.3f} s  (not in wall; {self.precision}, "
+            f"KV cache {self.kv_cache_dtype})",
             f"  frontend    {self.frontend_s:9.3f} s  "
             f"(prompt features {self.prompt_features_s:.3f} s, text {self.text_frontend_s:.3f} s)",
             f"  LM prefill  {e.prefill_s:9.3f} s  ({e.prefill_positions} positions)",

@@ -47,3 +47,27 @@ def test_bench_engine_rejects_bad_levels(tiny_model_dir: Path) -> None:
 
 def test_the_cli_offers_every_flow_cache_mode() -> None:
     assert tuple(m.value for m in FlowCache) == FLOW_CACHE_MODES
+
+
+def test_bench_engine_reports_the_precision(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out_json = tmp_path / "bench.json"
+    args = ["bench", "engine", "--model-dir", str(tiny_model_dir), "--tokens", "5", "--concurrency", "1"]
+    args += ["--dtype", "bf16", "--rounds", "1", "--prompt-seconds", "0.4", "--no-warm-up", "--no-progress"]
+    result = CliRunner().invoke(app, [*args, "--json", str(out_json)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out_json.read_text())
+    assert report["precision"] == {"dtype": "bf16", "quantize": "none", "device": "cpu", "compile": False}
+    assert report["kv_cache_dtype"] == "bfloat16"
+    assert report["levels"][0]["requests"] == 1
+    header = result.stdout.splitlines()[0]
+    assert (
+        "precision bf16/none on cpu (lm bfloat16, flow bfloat16, hift float32), KV cache bfloat16" in header
+    )
+
+
+def test_bench_engine_refuses_a_precision_this_machine_cannot_run(tiny_model_dir: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["bench", "engine", "--model-dir", str(tiny_model_dir), "--dtype", "fp16", "--no-progress"]
+    )
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: fp16 needs a CUDA device") and result.stderr.count("\n") == 1

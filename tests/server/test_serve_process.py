@@ -44,6 +44,7 @@ def run_serve(tmp: Path, *args: str, timeout: float = 120) -> subprocess.Complet
             ["--config", "/nonexistent/cosyserve.toml"],
             "error: config file /nonexistent/cosyserve.toml does not exist",
         ),
+        (["--dtype", "fp16"], "error: fp16 needs a CUDA device"),  # before any worker starts
     ],
 )
 def test_bad_settings_stop_the_start_in_one_line(
@@ -54,6 +55,19 @@ def test_bad_settings_stop_the_start_in_one_line(
     result = CliRunner().invoke(app, ["serve", "--model-dir", str(tiny_model_dir), *args])
     assert result.exit_code == 2
     assert result.stderr.startswith(message) and result.stderr.count("\n") == 1
+
+
+def test_precision_setting_this_machine_cannot_run(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _isolate(monkeypatch, tmp_path)
+    monkeypatch.setenv("COSYSERVE_QUANTIZE", "int4")
+    result = CliRunner().invoke(app, ["serve", "--model-dir", str(tiny_model_dir)])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "error: int4 quantization needs a CUDA device (there is no fast CPU int4 kernel); "
+        "on CPU use --quantize int8\n"
+    )
 
 
 def test_unknown_key_in_config_file(

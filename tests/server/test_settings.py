@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from cosyserve.models.precision_choices import Dtype, Quantization
 from cosyserve.settings import Settings, SettingsError
 
 
@@ -80,3 +81,46 @@ def test_env_round_trip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
     for name, value in settings.to_env().items():
         monkeypatch.setenv(name, value)
     assert Settings.load().model_dump() == settings.model_dump()
+
+
+def test_precision_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("DTYPE", "QUANTIZE", "DEVICE", "COMPILE"):
+        monkeypatch.delenv(f"COSYSERVE_{name}", raising=False)
+    defaults = Settings.load()
+    assert (defaults.dtype, defaults.quantize, defaults.device, defaults.compile) == (
+        Dtype.FP32,
+        Quantization.NONE,
+        "cpu",
+        False,
+    )
+    config = tmp_path / "cosyserve.toml"
+    config.write_text('dtype = "bf16"\nquantize = "int8wo"\ncompile = true\n')
+    monkeypatch.setenv("COSYSERVE_QUANTIZE", "int8")
+    settings = Settings.load(config, device="cuda:1")
+    assert (settings.dtype, settings.quantize, settings.device, settings.compile) == (
+        Dtype.BF16,
+        Quantization.INT8,
+        "cuda:1",
+        True,
+    )
+    # Workers get them back from the environment.
+    assert settings.to_env()["COSYSERVE_DTYPE"] == "bf16"
+    for name, value in settings.to_env().items():
+        monkeypatch.setenv(name, value)
+    assert Settings.load().model_dump() == settings.model_dump()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"dtype": "fp8"}, "invalid setting dtype: Input should be 'fp32', 'bf16' or 'fp16'"),
+        (
+            {"quantize": "int2"},
+            "invalid setting quantize: Input should be 'none', 'int8', 'int8wo' or 'int4'",
+        ),
+        ({"device": ""}, "invalid setting device"),
+    ],
+)
+def test_invalid_precision_settings(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        Settings.load(**overrides)

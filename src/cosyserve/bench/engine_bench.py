@@ -20,11 +20,12 @@ import torch
 
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.async_engine import AsyncEngine
-from cosyserve.engine.config import EngineConfig, FlowCacheMode
+from cosyserve.engine.config import FlowCacheMode
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.request import GenerationSpec
 from cosyserve.errors import InvalidRequestError
-from cosyserve.loader import LoadedModel
+from cosyserve.loader import LoadedModel, engine_config_for
+from cosyserve.models.precision import Precision
 from cosyserve.pipeline.voice import VoicePrompt
 
 WARM_UP_TOKENS = 30
@@ -102,11 +103,16 @@ class LevelResult:
 
 @dataclass(frozen=True)
 class BenchReport:
+    """``precision``: how the model was loaded; ``kv_cache_dtype``: the engine's KV cache
+    dtype (e.g. ``bfloat16``), which follows the precision."""
+
     model_dir: str
     options: BenchOptions
     torch_threads: int
     cpu_count: int
     flow_cache: str
+    precision: Precision
+    kv_cache_dtype: str
     load_average_before: tuple[float, float, float]
     levels: list[LevelResult] = field(default_factory=list)
 
@@ -121,7 +127,7 @@ def run_engine_bench(
     hp = model.hparams
     voice = synthetic_voice(hp, options.prompt_seconds, seed=options.seed, name="bench")
     top = max(options.concurrency)
-    config = EngineConfig(max_active=top, max_waiting=top)
+    config = engine_config_for(model, max_active=top, max_waiting=top)
     if options.flow_cache is not None:
         config = dataclasses.replace(config, flow_cache=options.flow_cache)
     engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config))
@@ -131,6 +137,8 @@ def run_engine_bench(
         torch_threads=torch.get_num_threads(),
         cpu_count=os.cpu_count() or 1,
         flow_cache=config.flow_cache,
+        precision=model.precision,
+        kv_cache_dtype=str(config.dtype).removeprefix("torch."),
         load_average_before=os.getloadavg(),
     )
     engine.start()

@@ -25,6 +25,7 @@ def report_markdown(report: BenchReport) -> str:
         f"Engine benchmark: `{report.model_dir}`, {mode}, {opts.tokens} forced speech tokens "
         f"({opts.tokens / 25:.2f} s of audio) per request, {opts.prompt_seconds:g} s synthetic prompt, "
         f"{opts.rounds} rounds per level; flow cache {report.flow_cache}; "
+        f"precision {report.precision.describe()}, KV cache {report.kv_cache_dtype}; "
         f"torch threads {report.torch_threads} of {report.cpu_count} CPUs; load average before: {load}.",
         "",
         "| concurrency | requests | first chunk p50 / p95 / p99 (s) | total p50 / p95 / p99 (s) "

@@ -30,6 +30,10 @@ import torch
 
 from cosyserve.errors import CosyserveError
 
+# Defined without torch for the settings and the CLI; re-exported as part of this API.
+from cosyserve.models.precision_choices import Dtype as Dtype
+from cosyserve.models.precision_choices import Quantization as Quantization
+
 _E = TypeVar("_E", bound=StrEnum)
 
 
@@ -37,33 +41,6 @@ class PrecisionError(CosyserveError):
     """The requested dtype, quantization, device or compilation cannot run here."""
 
     code = "unsupported_precision"
-
-
-class Dtype(StrEnum):
-    """Floating-point format of the LM and the flow (HiFT stays float32)."""
-
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]
-
-
-class Quantization(StrEnum):
-    """Weight quantization of the LM's decoder-layer Linear modules (q/k/v/o, gate/up/down).
-
-    ``int8``: on CPU, int8 weights with int8 activations quantized per call (fastest);
-    ``int8wo``: int8 weights only, activations unquantized (robust to activation
-    outliers, slower at large batch); both are weight-only int8 on CUDA. ``int4``:
-    grouped int4 weights, CUDA only (torchao, the ``cuda`` extra).
-    """
-
-    NONE = "none"
-    INT8 = "int8"
-    INT8_WEIGHT_ONLY = "int8wo"
-    INT4 = "int4"
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ from cosyserve.engine.config import EngineConfig
 from cosyserve.engine.engine import Engine
 from cosyserve.errors import InvalidRequestError
 from cosyserve.frontend.audio import AudioSource
-from cosyserve.loader import LoadedModel, load_model
+from cosyserve.loader import LoadedModel, engine_config_for, load_model
+from cosyserve.models.precision import Dtype, Quantization
 from cosyserve.pipeline.frontend import Frontend
 from cosyserve.pipeline.request import SynthesisRequest
 from cosyserve.pipeline.voice import VoicePrompt, check_voice_name
@@ -38,14 +39,31 @@ class Synthesizer:
     """
 
     def __init__(self, model: LoadedModel, engine_config: EngineConfig | None = None) -> None:
+        """``engine_config``: by default one request at a time, with the KV cache in the
+        model's precision (:func:`~cosyserve.loader.engine_config_for`)."""
         self.model = model
         self.frontend = Frontend(model)
-        self.engine = Engine(model.lm, model.flow, model.hift, engine_config or EngineConfig(max_active=1))
+        config = engine_config or engine_config_for(model, max_active=1)
+        self.engine = Engine(model.lm, model.flow, model.hift, config)
         self._voices: dict[str, VoicePrompt] = {}
 
     @classmethod
-    def from_model_dir(cls, path: Path | str, engine_config: EngineConfig | None = None) -> "Synthesizer":
-        return cls(load_model(path), engine_config)
+    def from_model_dir(
+        cls,
+        path: Path | str,
+        engine_config: EngineConfig | None = None,
+        *,
+        dtype: Dtype | str = Dtype.FP32,
+        quantize: Quantization | str = Quantization.NONE,
+        device: str = "cpu",
+        compile: bool = False,
+    ) -> "Synthesizer":
+        """Load the model at ``path`` in the given precision (see
+        :func:`~cosyserve.loader.load_model`, which raises ``PrecisionError`` for a setting
+        this machine cannot run)."""
+        return cls(
+            load_model(path, dtype=dtype, quantize=quantize, device=device, compile=compile), engine_config
+        )
 
     @property
     def sample_rate(self) -> int:

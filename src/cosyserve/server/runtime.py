@@ -19,10 +19,9 @@ import grpc
 import torch
 
 from cosyserve.engine.async_engine import AsyncEngine
-from cosyserve.engine.config import EngineConfig
 from cosyserve.engine.engine import Engine
 from cosyserve.errors import CosyserveError
-from cosyserve.loader import load_model
+from cosyserve.loader import engine_config_for, load_model
 from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
 from cosyserve.pipeline.voice import VoicePrompt
 from cosyserve.server.error_map import NotReadyError
@@ -92,13 +91,16 @@ class ServerRuntime:
         """Load, build and warm up; then the phase is ``ready`` (or ``failed``)."""
         settings = self.settings
         try:
-            model = await asyncio.to_thread(load_model, settings.model_dir)
-            engine = Engine(
-                model.lm,
-                model.flow,
-                model.hift,
-                EngineConfig(max_active=settings.max_active, max_waiting=settings.max_queued),
+            model = await asyncio.to_thread(
+                load_model,
+                settings.model_dir,
+                dtype=settings.dtype,
+                quantize=settings.quantize,
+                device=settings.device,
+                compile=settings.compile,
             )
+            config = engine_config_for(model, max_active=settings.max_active, max_waiting=settings.max_queued)
+            engine = Engine(model.lm, model.flow, model.hift, config)
             self._engine = AsyncEngine(engine)
             self._engine.start()
             self._voices = await asyncio.to_thread(VoiceStore, settings.voices_db)

@@ -1,0 +1,35 @@
+"""``ServerRuntime``: the precision settings reach the model and the engine's KV cache."""
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from cosyserve.server.runtime import Phase, ServerRuntime
+from cosyserve.settings import Settings
+
+
+def test_bf16_setting_loads_a_bf16_model_with_a_bf16_kv_cache(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in [n for n in os.environ if n.startswith("COSYSERVE_")]:
+        monkeypatch.delenv(name)
+    settings = Settings.load(
+        model_dir=tiny_model_dir, grpc_port=0, voices_db=tmp_path / "voices.sqlite3", dtype="bf16"
+    )
+    runtime = ServerRuntime(settings)
+
+    async def start_and_stop() -> None:
+        await runtime.start()
+        try:
+            assert runtime.phase is Phase.READY  # the warm-up synthesis ran in bf16
+            service = runtime.require_service()
+            assert next(service.model.flow.parameters()).dtype == torch.bfloat16
+            cache = service.engine.engine.lm_runner.cache
+            assert cache.k.dtype == cache.v.dtype == torch.bfloat16
+        finally:
+            await runtime.stop()
+
+    asyncio.run(start_and_stop())

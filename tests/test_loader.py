@@ -1,0 +1,40 @@
+"""``engine_config_for``: the engine's KV cache follows the loaded model's precision."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from cosyserve.loader import engine_config_for, load_model
+from cosyserve.pipeline.synthesizer import Synthesizer
+
+
+@pytest.mark.parametrize(
+    ("dtype", "quantize", "kv_dtype"),
+    [
+        ("fp32", "none", torch.float32),
+        ("bf16", "none", torch.bfloat16),
+        # int8 on CPU keeps the LM's activations (and so its keys and values) in float32.
+        ("bf16", "int8", torch.float32),
+    ],
+)
+def test_kv_cache_follows_the_precision(
+    tiny_model_dir: Path, dtype: str, quantize: str, kv_dtype: torch.dtype
+) -> None:
+    model = load_model(tiny_model_dir, dtype=dtype, quantize=quantize)
+    config = engine_config_for(model, max_active=3, flow_cache="exact")
+    assert (config.dtype, config.device, config.max_active, config.flow_cache) == (
+        kv_dtype,
+        "cpu",
+        3,
+        "exact",
+    )
+    engine = Synthesizer(model).engine  # the synthesizer's default engine uses it too
+    assert engine.lm_runner.cache.k.dtype == engine.lm_runner.cache.v.dtype == kv_dtype
+    assert engine.prefix_cache is not None and engine.prefix_cache.k.dtype == kv_dtype
+
+
+def test_the_precision_fields_cannot_be_overridden(tiny_model_dir: Path) -> None:
+    model = load_model(tiny_model_dir, dtype="bf16")
+    with pytest.raises(TypeError, match="dtype"):
+        engine_config_for(model, dtype=torch.float32)
