@@ -27,6 +27,7 @@ from cosyserve.engine.token2wav import Token2Wav
 from cosyserve.errors import CosyserveError, InvalidRequestError
 from cosyserve.logging_setup import request_scope
 from cosyserve.models.flow.flow import Flow
+from cosyserve.models.flow.prompt_cache import FlowPromptCache
 from cosyserve.models.hift.generator import HiFTGenerator
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM
@@ -65,7 +66,10 @@ class Engine:
             )
         self.stats = EngineStats()
         self.lm_runner = LMRunner(lm, cache, self.stats, prefix_cache)
-        self.token2wav = Token2Wav(flow, hift, self.stats, config.flow_cache)
+        prompt_cache = None
+        if config.flow_prompt_cache_mb > 0 and config.flow_cache != "exact":
+            prompt_cache = FlowPromptCache(flow, config.flow_prompt_cache_mb << 20)
+        self.token2wav = Token2Wav(flow, hift, self.stats, config.flow_cache, prompt_cache)
         self.scheduler = Scheduler(config)
         self._requests: dict[str, Request] = {}
         self._lookahead = flow.cfg.pre_lookahead_len
@@ -107,6 +111,10 @@ class Engine:
     @property
     def prefix_cache(self) -> PrefixCache | None:
         return self.lm_runner.prefix_cache
+
+    @property
+    def flow_prompt_cache(self) -> FlowPromptCache | None:
+        return self.token2wav.prompt_cache
 
     def has_work(self) -> bool:
         return bool(self._requests)

@@ -8,6 +8,8 @@ from cosyserve.engine.config import FLOW_CACHE_MODES, FlowCacheMode
 from cosyserve.engine.request import Request, SegmentState
 from cosyserve.engine.stats import EngineStats
 from cosyserve.models.flow.flow import Flow
+from cosyserve.models.flow.prompt_cache import FlowPromptCache
+from cosyserve.models.flow.stream_cache import FlowStreamCache
 from cosyserve.models.hift.generator import HiFTGenerator
 from cosyserve.models.hift.stream import vocode_chunk
 from cosyserve.pipeline.chunking import Chunk
@@ -26,13 +28,19 @@ class Token2Wav:
     :class:`~cosyserve.models.flow.stream_cache.FlowStreamCache` (same output) and the final
     chunk as upstream; ``"incremental"`` computes the final chunk from the cache too, with
     block-causal attention: the cheapest, but its frames differ from upstream's. A stream
-    whose first chunk is its last one runs as upstream in every mode. The engine passes
+    whose first chunk is its last one runs as upstream in every mode. ``prompt_cache``: the
+    primed voice-prompt states incremental streams start from (None: from nothing). The engine passes
     :attr:`EngineConfig.flow_cache <cosyserve.engine.config.EngineConfig>`; the default
     here is upstream's behaviour.
     """
 
     def __init__(
-        self, flow: Flow, hift: HiFTGenerator, stats: EngineStats, flow_cache: FlowCacheMode = "exact"
+        self,
+        flow: Flow,
+        hift: HiFTGenerator,
+        stats: EngineStats,
+        flow_cache: FlowCacheMode = "exact",
+        prompt_cache: FlowPromptCache | None = None,
     ) -> None:
         if flow_cache not in FLOW_CACHE_MODES:
             raise ValueError(f"flow_cache must be one of {FLOW_CACHE_MODES}, not {flow_cache!r}")
@@ -40,6 +48,7 @@ class Token2Wav:
         self.hift = hift
         self.stats = stats
         self.flow_cache = flow_cache
+        self.prompt_cache = prompt_cache
 
     @torch.inference_mode()
     def run(self, request: Request, seg: SegmentState, chunk: Chunk) -> np.ndarray:
@@ -74,7 +83,7 @@ class Token2Wav:
         )
         if self._incremental(seg, chunk, spec.stream):
             if seg.flow_cache is None:
-                seg.flow_cache = self.flow.new_stream_cache()
+                seg.flow_cache = self._new_flow_cache(request)
             mel = self.flow.stream(seg.flow_cache, tokens, *prompt, chunk.offset, chunk.finalize)
         else:
             streaming = spec.stream and not chunk.finalize
@@ -83,6 +92,14 @@ class Token2Wav:
         if chunk.finalize:
             seg.flow_cache = None  # free the cached keys and values now, not with the request
         return mel
+
+    def _new_flow_cache(self, request: Request) -> FlowStreamCache:
+        """The flow cache a streamed segment of ``request`` starts from: a fork of its
+        voice's primed prompt states when ``prompt_cache`` is set, else an empty one."""
+        if self.prompt_cache is None:
+            return self.flow.new_stream_cache()
+        spec = request.spec
+        return self.prompt_cache.stream_cache(spec.flow_prompt_tokens, spec.flow_prompt_mel, spec.embedding)
 
     def _incremental(self, seg: SegmentState, chunk: Chunk, stream: bool) -> bool:
         if not stream or self.flow_cache == "exact":

@@ -155,26 +155,69 @@ class Flow(nn.Module):
             cache.finish(total, finalize)
             return prompt_feat.new_zeros(token.shape[0], self.cfg.output_size, 0, dtype=torch.float32)
 
+        committed = total if finalize else total // self.stream_block * self.stream_block
+        tokens = torch.cat([prompt_token, token], dim=1)
+        mel = self._extend(cache, tokens, prompt_feat, embedding, total, committed, finalize)
+        return mel[:, :, first_frame - ratio * start :]
+
+    def voice_prefix(self, prompt_tokens: int, prompt_frames: int) -> int:
+        """Prompt tokens whose streaming states are the same for every stream of the voice.
+
+        A block's positions see the tokens up to the end of their block plus the
+        look-ahead, so whole blocks of ``stream_block`` tokens followed by
+        ``pre_lookahead_len`` more prompt tokens depend on the voice alone. The prefix also
+        stays within the prompt's ``prompt_frames`` mel frames, which no stream emits."""
+        usable = min(prompt_tokens - self.pre_lookahead_len, prompt_frames // self.token_mel_ratio)
+        return max(0, usable) // self.stream_block * self.stream_block
+
+    @torch.inference_mode()
+    def prime_stream(self, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor) -> FlowStreamCache:
+        """A stream cache holding the voice's :meth:`voice_prefix` (possibly nothing), for
+        :meth:`FlowStreamCache.fork` to start each stream of the voice from: :meth:`stream`
+        then computes only the positions after it, with the same output as from an empty
+        cache. Arguments as for :meth:`inference`."""
+        cache = self.new_stream_cache()
+        prefix = self.voice_prefix(prompt_token.shape[1], prompt_feat.shape[1])
+        if prefix == 0:
+            return cache
+        # The prefix, with the prompt tokens after it as look-ahead context.
+        tokens = prompt_token[:, : prefix + self.pre_lookahead_len]
+        prompt_feat = prompt_feat[:, : self.token_mel_ratio * prefix]
+        self._check_inputs(tokens[:, :0], tokens, prompt_feat, embedding, finalize=False)
+        self._extend(cache, tokens, prompt_feat, embedding, prefix, prefix, finalize=False)
+        return cache
+
+    def _extend(
+        self,
+        cache: FlowStreamCache,
+        tokens: Tensor,
+        prompt_feat: Tensor,
+        embedding: Tensor,
+        total: int,
+        committed: int,
+        finalize: bool,
+    ) -> Tensor:
+        """One pass of :meth:`stream` over the positions from ``cache.tokens`` to ``total``
+        (``tokens``: ``(B, total [+ lookahead])``, prompt first), caching the first
+        ``committed``. Returns their frames ``(B, 80, token_mel_ratio * (total - cache.tokens))``."""
+        ratio, start = self.token_mel_ratio, cache.tokens
         dtype = self.speaker_proj.weight.dtype
         spks = self.speaker_proj(F.normalize(embedding.to(dtype), dim=1))  # (B, 80)
-        tokens = torch.cat([prompt_token, token], dim=1)[:, start:]  # (B, total - start [+ lookahead])
-        x = self.token_embedding(tokens.clamp(min=0))
+        x = self.token_embedding(tokens[:, start:].clamp(min=0))  # (B, total - start [+ lookahead], D)
         batch, new = x.shape[0], total - start
-        committed = total if finalize else total // self.stream_block * self.stream_block
         cache.begin(committed - start, ratio)
         lengths = torch.full((batch,), new, device=x.device, dtype=torch.long)
         context = None if finalize else x[:, new:]
         h, _ = self.encoder(x[:, :new], lengths, context, streaming=True, cache=cache)
         mu = self.mu_proj(h).transpose(1, 2)  # (B, 80, ratio * new)
 
-        frame0 = ratio * start
         cond = torch.zeros_like(mu)
-        prompt_feat = prompt_feat[:, frame0:]  # the prompt frames among the new ones
+        prompt_feat = prompt_feat[:, ratio * start :]  # the prompt frames among the new ones
         cond[:, :, : prompt_feat.shape[1]] = prompt_feat.transpose(1, 2).to(mu.dtype)
         mask = mu.new_ones(batch, 1, mu.shape[2])
         mel: Tensor = self.cfm(mu, mask, spks, cond, streaming=True, states=cache.steps)
         cache.finish(committed, finalize)
-        return mel[:, :, first_frame - frame0 :]
+        return mel
 
     def _check_inputs(
         self, token: Tensor, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor, finalize: bool

@@ -66,9 +66,28 @@ class LayerStates:
         self._context[conv] = padded[:, :, self.keep : self.keep + width].clone()
         return padded
 
+    def fork(self) -> "LayerStates":
+        """Independent states continuing from these, sharing their tensors without a copy.
+
+        The fork can never write into the shared tensors: its key and value buffers are
+        views of exactly ``length`` positions (no slack), so its first :meth:`attend` with
+        new positions reallocates, and :meth:`left_pad` replaces a context, never mutates it.
+        """
+        if self.keep:
+            raise RuntimeError("cannot fork states in the middle of a pass")
+        fork = LayerStates()
+        fork.length = self.length
+        fork._keys = {layer: k[:, :, : self.length] for layer, k in self._keys.items()}
+        fork._values = {layer: v[:, :, : self.length] for layer, v in self._values.items()}
+        fork._context = dict(self._context)
+        return fork
+
+    def tensors(self) -> list[Tensor]:
+        """Every cached tensor (the key and value buffers whole, slack included)."""
+        return [*self._keys.values(), *self._values.values(), *self._context.values()]
+
     def nbytes(self) -> int:
-        tensors = [*self._keys.values(), *self._values.values(), *self._context.values()]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
     @staticmethod
     def _grown(buffers: dict[nn.Module, Tensor], layer: nn.Module, new: Tensor, end: int) -> Tensor:
@@ -114,10 +133,31 @@ class FlowStreamCache:
             self.encoder_tokens, self.encoder_frames = LayerStates(), LayerStates()
             self.steps = [LayerStates() for _ in self.steps]
             return
-        for states in (self.encoder_tokens, self.encoder_frames, *self.steps):
+        for states in self._passes():
             states.finish()
         self.tokens = tokens
 
+    def fork(self) -> "FlowStreamCache":
+        """A cache for another stream that continues from this one's cached positions (a
+        voice's primed prompt, see :meth:`Flow.prime_stream`): the cached tensors are
+        shared, not copied, and neither cache's later passes change what the other sees
+        (see :meth:`LayerStates.fork`)."""
+        if self.finished:
+            raise ValueError("cannot fork a finalized flow stream")
+        fork = FlowStreamCache(len(self.steps))
+        fork.tokens = self.tokens
+        fork.encoder_tokens = self.encoder_tokens.fork()
+        fork.encoder_frames = self.encoder_frames.fork()
+        fork.steps = [states.fork() for states in self.steps]
+        return fork
+
+    def tensors(self) -> list[Tensor]:
+        """Every cached tensor of every pass."""
+        return [t for states in self._passes() for t in states.tensors()]
+
     def nbytes(self) -> int:
-        """Memory held by the cache, in bytes."""
-        return sum(states.nbytes() for states in (self.encoder_tokens, self.encoder_frames, *self.steps))
+        """Memory held by the cache, in bytes (tensors shared with a fork count in both)."""
+        return sum(states.nbytes() for states in self._passes())
+
+    def _passes(self) -> list[LayerStates]:
+        return [self.encoder_tokens, self.encoder_frames, *self.steps]

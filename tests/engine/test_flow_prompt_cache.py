@@ -1,0 +1,60 @@
+"""The engine's flow prompt cache: streams start from their voice's primed prompt, with
+the same audio as without it, and a voice is primed once."""
+
+import pytest
+
+from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
+from cosyserve.engine.config import EngineConfig, FlowCacheMode
+from cosyserve.engine.engine import Engine
+from cosyserve.engine.request import GenerationSpec
+from cosyserve.loader import LoadedModel
+from tests.engine.helpers import assert_same, run_together
+
+
+def _engine(model: LoadedModel, mode: FlowCacheMode, megabytes: int) -> Engine:
+    config = EngineConfig(max_active=1, flow_cache=mode, flow_prompt_cache_mb=megabytes)
+    return Engine(model.lm, model.flow, model.hift, config)
+
+
+def _specs(model: LoadedModel) -> list[GenerationSpec]:
+    """Two streams of one voice (55 prompt tokens: 50 voice-only), one of another (31:
+    25), one with too short a prompt to prime (27), and a non-streaming request."""
+    voices = [
+        synthetic_voice(model.hparams, seconds, seed=70 + i) for i, seconds in enumerate((2.2, 1.24, 1.08))
+    ]
+    plan = [(0, 5, True), (0, None, True), (1, 9, True), (2, 4, True), (0, None, False)]
+    return [
+        synthetic_spec(
+            f"req-{i}",
+            voices[v],
+            synthetic_text_ids(model.hparams, 60, seed=i),
+            tokens=60 + 3 * i,
+            seed=500 + i,
+            stream=stream,
+            first_hop=hop,
+        )
+        for i, (v, hop, stream) in enumerate(plan)
+    ]
+
+
+@pytest.mark.parametrize("mode", ["cached", "incremental"])
+def test_the_same_audio_with_and_without_the_prompt_cache(
+    tiny_model: LoadedModel, mode: FlowCacheMode
+) -> None:
+    specs = _specs(tiny_model)
+    ids = [spec.request_id for spec in specs]
+    off = _engine(tiny_model, mode, 0)
+    assert off.flow_prompt_cache is None
+    want = run_together(off, specs)
+    on = _engine(tiny_model, mode, 64)
+    got = run_together(on, specs)
+    assert_same(got, want, ids)
+    cache = on.flow_prompt_cache
+    assert cache is not None
+    # Voices 0 and 1 primed once each; the second stream of voice 0 is a hit.
+    assert (cache.stats.misses, cache.stats.hits, len(cache)) == (2, 1, 2)
+
+
+def test_exact_mode_has_no_prompt_cache(tiny_model: LoadedModel) -> None:
+    engine = _engine(tiny_model, "exact", 64)
+    assert engine.flow_prompt_cache is None
