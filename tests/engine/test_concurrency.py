@@ -100,6 +100,10 @@ def test_sixteen_concurrent_requests_match_their_solo_runs(
     assert_same(results, alone, [s.request_id for s in specs])
     # They ran as one batch (16 requests of 12..42 tokens: mostly 16 per step).
     assert engine.stats.decoded_tokens > 8 * engine.stats.decode_steps
+    # Some of their token2wav chunks were ready in the same step and ran as one batch
+    # (their lengths differ, so most were not; tests/engine/test_token2wav_batch.py has more).
+    stats = engine.stats
+    assert stats.flow_rows + stats.hift_rows > stats.flow_calls + stats.hift_calls, stats
     assert_idle(engine)
     # Again in the same engine: now every input's start comes from the prefix cache.
     second = renamed(specs, "-again")

@@ -84,5 +84,5 @@ def test_two_hundred_requests_leave_no_trace(tiny_model: LoadedModel) -> None:
     cache = engine.lm_runner.cache
     assert cache.free_slots == cache.max_slots
     assert engine.prefix_cache is not None and len(engine.prefix_cache) <= engine.prefix_cache.max_blocks
-    assert engine.stats.flow_calls >= TOTAL
+    assert engine.stats.flow_rows >= TOTAL
     assert growth <= RSS_GROWTH_BOUND_MB, f"RSS grew by {growth:.1f} MB over {TOTAL - WARM_UP} requests"

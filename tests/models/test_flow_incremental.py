@@ -13,7 +13,7 @@ from cosyserve.engine.config import EngineConfig, FlowCacheMode
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.request import GenerationSpec, Request, Segment, SegmentState, generators_for
 from cosyserve.engine.stats import EngineStats
-from cosyserve.engine.token2wav import Token2Wav
+from cosyserve.engine.token2wav import ChunkWork, Token2Wav
 from cosyserve.modeldir.presets import TINY
 from cosyserve.models.flow import Flow
 from cosyserve.models.flow.stream_cache import FlowStreamCache
@@ -210,7 +210,9 @@ def _run(token2wav: Token2Wav, request: Request) -> tuple[list[np.ndarray], list
     seg = request.segments[0]
     audio, cached = [], []
     while (chunk := seg.schedule.peek(len(seg.tokens), finished=True)) is not None:
-        audio.append(token2wav.run(request, seg, chunk))
+        (out,) = token2wav.run([ChunkWork(request, seg, chunk)])
+        assert isinstance(out, np.ndarray)
+        audio.append(out)
         cached.append(seg.flow_cache is not None)
         seg.schedule.advance(chunk)
         if not request.spec.stream:

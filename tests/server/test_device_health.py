@@ -31,10 +31,10 @@ def test_out_of_memory_fails_only_that_request_and_frees_it(
     engine = make_engine(tiny_model, max_active=2)
     run = engine.token2wav.run
 
-    def run_or_oom(request, seg, chunk):  # type: ignore[no-untyped-def]
-        if request.id == "r0":
-            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-        return run(request, seg, chunk)
+    def run_or_oom(work):  # type: ignore[no-untyped-def]
+        results = run(work)
+        oom = torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return [oom if item.request.id == "r0" else out for item, out in zip(work, results, strict=True)]
 
     engine.token2wav.run = run_or_oom  # type: ignore[method-assign]
     for spec in _specs(tiny_model):
@@ -57,7 +57,7 @@ def test_a_device_error_kills_the_engine_and_says_what_to_do(
     engine = make_engine(tiny_model, max_active=2)
     run = engine.token2wav.run
 
-    def broken(request, seg, chunk):  # type: ignore[no-untyped-def]
+    def broken(work):  # type: ignore[no-untyped-def]
         raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered (injected)")
 
     engine.token2wav.run = broken  # type: ignore[method-assign]

@@ -19,7 +19,8 @@ class EngineConfig:
     ``max_len``: LM positions per sequence (prompt + text + generated tokens).
     ``prefill_chunk``: LM prefill positions per step, so a long prompt cannot stall
     everyone's decode for long.
-    ``token2wav_per_step``: token2wav chunks (flow + HiFT) run per step; first chunks go first.
+    ``token2wav_batch``: ready token2wav chunks (flow + HiFT) run per step, as batches;
+    first chunks go first, then arrival order.
     ``flow_cache``: streaming flow work per chunk: ``"exact"`` recomputes prompt + all
     tokens (upstream), ``"cached"`` reuses cached states for intermediate chunks (same
     output), ``"incremental"`` for the final chunk too (cheapest; that chunk deviates).
@@ -35,7 +36,7 @@ class EngineConfig:
     max_waiting: int = 64
     max_len: int = 2048
     prefill_chunk: int = 256
-    token2wav_per_step: int = 1
+    token2wav_batch: int = 8
     flow_cache: FlowCacheMode = "incremental"
     prefix_cache_positions: int = 2048
     flow_prompt_cache_mb: int = 4096
@@ -43,7 +44,7 @@ class EngineConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        for name in ("max_active", "max_len", "prefill_chunk", "token2wav_per_step"):
+        for name in ("max_active", "max_len", "prefill_chunk", "token2wav_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_waiting < 0:

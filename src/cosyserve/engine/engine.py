@@ -23,7 +23,7 @@ from cosyserve.engine.request import (
 )
 from cosyserve.engine.scheduler import Scheduler
 from cosyserve.engine.stats import EngineStats
-from cosyserve.engine.token2wav import Token2Wav
+from cosyserve.engine.token2wav import ChunkWork, Token2Wav
 from cosyserve.errors import CosyserveError, InvalidRequestError
 from cosyserve.logging_setup import request_scope
 from cosyserve.models.flow.flow import Flow
@@ -33,7 +33,7 @@ from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.models.prefix_cache import PrefixCache
 from cosyserve.models.sampling import LengthLimits
-from cosyserve.pipeline.chunking import Chunk, ChunkSchedule
+from cosyserve.pipeline.chunking import ChunkSchedule
 
 logger = logging.getLogger(__name__)
 
@@ -163,10 +163,9 @@ class Engine:
         for request in list(self.scheduler.running):
             if request.id in self._requests:
                 self._guard(request, outputs, partial(self._advance_lm, request))
-        for request, seg, chunk in self.scheduler.vocode_work():
-            if request.id not in self._requests:
-                continue
-            self._guard(request, outputs, partial(self._vocode, request, seg, chunk, outputs))
+        work = [ChunkWork(*ready) for ready in self.scheduler.vocode_work() if ready[0].id in self._requests]
+        if work:
+            self._vocode(work, outputs)
         return outputs
 
     def _decode(self, batch: list[Request], outputs: list[StepOutput]) -> None:
@@ -248,8 +247,18 @@ class Engine:
         request.slot = self.lm_runner.cache.allocate()
         self.lm_runner.start_segment(request)
 
-    def _vocode(self, request: Request, seg: SegmentState, chunk: Chunk, outputs: list[StepOutput]) -> None:
-        audio = self.token2wav.run(request, seg, chunk) if chunk.token_end > 0 else _silence()
+    def _vocode(self, work: list[ChunkWork], outputs: list[StepOutput]) -> None:
+        """Run the step's ready chunks as batches; each failure fails its own request only."""
+        voiced = [item for item in work if item.chunk.token_end > 0]
+        audio = dict(zip(voiced, self.token2wav.run(voiced), strict=True))
+        for item in work:
+            result = audio.get(item, _silence())
+            self._guard(item.request, outputs, partial(self._emit, item, result, outputs))
+
+    def _emit(self, item: ChunkWork, audio: np.ndarray | Exception, outputs: list[StepOutput]) -> None:
+        if isinstance(audio, Exception):
+            raise audio  # _guard turns it into this request's failure
+        request, seg, chunk = item.request, item.seg, item.chunk
         if request.spec.stream:
             seg.schedule.advance(chunk)
         if chunk.finalize:

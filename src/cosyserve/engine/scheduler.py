@@ -73,7 +73,7 @@ class Scheduler:
 
     def vocode_work(self) -> list[tuple[Request, SegmentState, Chunk]]:
         """Ready token2wav chunks, requests without audio yet first (first-packet latency),
-        then arrival order; at most ``token2wav_per_step``."""
+        then arrival order; at most ``token2wav_batch`` (one per request)."""
         ready = []
         for request in self.running:
             seg = request.vocode_state
@@ -83,7 +83,7 @@ class Scheduler:
             if chunk is not None:
                 ready.append((request, seg, chunk))
         ready.sort(key=lambda item: item[0].emitted_audio)  # stable: arrival order within groups
-        return ready[: self.config.token2wav_per_step]
+        return ready[: self.config.token2wav_batch]
 
 
 def ready_chunk(request: Request, seg: SegmentState) -> Chunk | None:

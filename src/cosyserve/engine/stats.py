@@ -20,8 +20,10 @@ class EngineStats:
     prefill_tokens: int = 0
     decode_steps: int = 0
     decoded_tokens: int = 0
-    flow_calls: int = 0
+    flow_calls: int = 0  # batched flow passes
+    flow_rows: int = 0  # chunks they computed (flow_rows / flow_calls: the mean batch)
     hift_calls: int = 0
+    hift_rows: int = 0
     audio_samples: int = 0
     last_decode_batch: int = 0
     failures: dict[str, int] = field(default_factory=dict)  # failed requests by error code

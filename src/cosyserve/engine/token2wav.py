@@ -1,22 +1,62 @@
-"""The token2wav side of a step: flow (tokens -> mel) and HiFT (mel -> waveform) for a chunk."""
+"""The token2wav side of a step: flow (tokens -> mel) and HiFT (mel -> waveform) for the
+ready chunks of several requests, batched."""
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from cosyserve.engine.config import FLOW_CACHE_MODES, FlowCacheMode
 from cosyserve.engine.request import Request, SegmentState
 from cosyserve.engine.stats import EngineStats
 from cosyserve.models.flow.flow import Flow
 from cosyserve.models.flow.prompt_cache import FlowPromptCache
+from cosyserve.models.flow.rows import FlowRow, infer_rows, stream_rows
 from cosyserve.models.flow.stream_cache import FlowStreamCache
 from cosyserve.models.hift.generator import HiFTGenerator
-from cosyserve.models.hift.stream import vocode_chunk
+from cosyserve.models.hift.source import Excitation
+from cosyserve.models.hift.stream import StreamOptions
 from cosyserve.pipeline.chunking import Chunk
+
+logger = logging.getLogger(__name__)
+
+_In = TypeVar("_In")
+_Out = TypeVar("_Out")
+
+
+@dataclass(frozen=True, eq=False)
+class ChunkWork:
+    """One ready chunk of one request's segment."""
+
+    request: Request
+    seg: SegmentState
+    chunk: Chunk
+
+
+@dataclass(frozen=True, eq=False)
+class _Vocoding:
+    """One chunk's HiFT input: ``mel`` ``(1, 80, T)`` (streaming: after the cached frames),
+    ``cache_source`` ``(1, 1, S)`` or None, and its excitation, drawn before the batched
+    call from the request's own generator so that a retry alone reuses the same draws."""
+
+    mel: Tensor
+    cache_source: Tensor | None
+    excitation: Excitation
 
 
 class Token2Wav:
-    """Runs one chunk of one request through the flow and the vocoder.
+    """Runs the ready chunks of several requests through the flow and the vocoder.
+
+    Chunks that can share a call do: the flow takes non-incremental chunks of any lengths
+    together (ragged rows), incremental streaming chunks whose caches hold the same number
+    of tokens together, and HiFT chunks of equal mel length together. Every request's
+    output is what it gets alone (float rounding aside). A failed batched call is retried
+    one chunk at a time, so only the chunk that fails alone fails.
 
     Streaming chunks follow upstream CosyVoice2Model.token2wav: intermediate chunks use
     block-causal attention with lookahead, the final chunk full attention over every token;
@@ -44,6 +84,11 @@ class Token2Wav:
     ) -> None:
         if flow_cache not in FLOW_CACHE_MODES:
             raise ValueError(f"flow_cache must be one of {FLOW_CACHE_MODES}, not {flow_cache!r}")
+        if StreamOptions().samples_per_frame != hift.cfg.upsample_factor:
+            raise ValueError(
+                f"stream options assume {StreamOptions().samples_per_frame} samples per frame, "
+                f"the vocoder makes {hift.cfg.upsample_factor}"
+            )
         self.flow = flow
         self.hift = hift
         self.stats = stats
@@ -51,47 +96,36 @@ class Token2Wav:
         self.prompt_cache = prompt_cache
 
     @torch.inference_mode()
-    def run(self, request: Request, seg: SegmentState, chunk: Chunk) -> np.ndarray:
-        """Samples (float32, mono) that ``chunk`` of ``seg`` adds to the request's audio."""
-        spec = request.spec
+    def run(self, work: Sequence[ChunkWork]) -> list[np.ndarray | Exception]:
+        """Per chunk, the samples (float32, mono) it adds to its request's audio, or the
+        error that failed it. A streaming chunk's segment state moves on only if it succeeds."""
         with self.stats.timed("flow"):
-            mel = self._mel(request, seg, chunk)  # (1, 80, T)
-        self.stats.flow_calls += 1
+            mels = self._flow(work)
         with self.stats.timed("hift"):
-            if not spec.stream:
-                if spec.speed != 1.0:
-                    mel = F.interpolate(mel, size=int(mel.shape[2] / spec.speed), mode="linear")
-                wave, _ = self.hift.inference(mel, None, generator=request.vocoder_generator)
-            else:
-                wave = vocode_chunk(
-                    self.hift, seg.hift, mel, finalize=chunk.finalize, generator=request.vocoder_generator
-                )
-        self.stats.hift_calls += 1
-        audio: np.ndarray = wave[0].float().cpu().numpy()
-        self.stats.audio_samples += int(audio.size)
-        return audio
+            return self._vocode(work, mels)
 
-    def _mel(self, request: Request, seg: SegmentState, chunk: Chunk) -> torch.Tensor:
-        """The mel frames of ``chunk``'s new tokens: ``(1, 80, T)`` float32."""
-        spec = request.spec
-        device = self.flow.speaker_proj.weight.device
-        tokens = torch.tensor(seg.tokens[: chunk.token_end], dtype=torch.long, device=device)[None]
-        prompt = (
-            spec.flow_prompt_tokens.to(device)[None],
-            spec.flow_prompt_mel.to(device)[None],
-            spec.embedding.to(device)[None],
-        )
-        if self._incremental(seg, chunk, spec.stream):
-            if seg.flow_cache is None:
-                seg.flow_cache = self._new_flow_cache(request)
-            mel = self.flow.stream(seg.flow_cache, tokens, *prompt, chunk.offset, chunk.finalize)
-        else:
-            streaming = spec.stream and not chunk.finalize
-            mel = self.flow.inference(tokens, *prompt, streaming=streaming, finalize=chunk.finalize)
-            mel = mel[:, :, chunk.offset * self.flow.token_mel_ratio :]
-        if chunk.finalize:
-            seg.flow_cache = None  # free the cached keys and values now, not with the request
-        return mel
+    # -- flow ---------------------------------------------------------------------------------
+
+    def _flow(self, work: Sequence[ChunkWork]) -> list[Tensor | Exception]:
+        """Per chunk, its new mel frames ``(1, 80, T)`` float32, or the error."""
+        groups: dict[tuple[object, ...], list[int]] = {}
+        for i, item in enumerate(work):
+            seg, chunk = item.seg, item.chunk
+            if self._incremental(seg, chunk, item.request.spec.stream):
+                if seg.flow_cache is None:
+                    seg.flow_cache = self._new_flow_cache(item.request)
+                key: tuple[object, ...] = ("incremental", seg.flow_cache.tokens, chunk.finalize)
+            else:
+                key = ("full", item.request.spec.stream and not chunk.finalize, chunk.finalize)
+            groups.setdefault(key, []).append(i)
+        results: list[Tensor | Exception] = [RuntimeError("not run")] * len(work)
+        for (kind, *_), members in groups.items():
+            call = self._flow_incremental if kind == "incremental" else self._flow_full
+            _batched("flow", call, [work[i] for i in members], members, results)
+        for item, mel in zip(work, results, strict=True):
+            if item.chunk.finalize and isinstance(mel, Tensor):
+                item.seg.flow_cache = None  # free the cached keys and values now, not with the request
+        return results
 
     def _new_flow_cache(self, request: Request) -> FlowStreamCache:
         """The flow cache a streamed segment of ``request`` starts from: a fork of its
@@ -101,9 +135,135 @@ class Token2Wav:
         spec = request.spec
         return self.prompt_cache.stream_cache(spec.flow_prompt_tokens, spec.flow_prompt_mel, spec.embedding)
 
+    def _flow_full(self, work: Sequence[ChunkWork]) -> list[Tensor]:
+        """Chunks recomputed over prompt + every token (non-streaming, exact streaming)."""
+        first = work[0]
+        streaming = first.request.spec.stream and not first.chunk.finalize
+        mels = infer_rows(
+            self.flow, [self._row(w) for w in work], streaming=streaming, finalize=first.chunk.finalize
+        )
+        self._count_flow(len(work))
+        return [mel[None] for mel in mels]
+
+    def _flow_incremental(self, work: Sequence[ChunkWork]) -> list[Tensor]:
+        """Streaming chunks from their segments' flow caches (in step with each other)."""
+        caches = []
+        for w in work:
+            assert w.seg.flow_cache is not None
+            caches.append(w.seg.flow_cache)
+        rows = [self._row(w) for w in work]
+        mels = stream_rows(self.flow, caches, rows, finalize=work[0].chunk.finalize)
+        self._count_flow(len(work))
+        return [mel[None] for mel in mels]
+
+    def _row(self, item: ChunkWork) -> FlowRow:
+        spec, device = item.request.spec, self.flow.speaker_proj.weight.device
+        return FlowRow(
+            token=torch.tensor(item.seg.tokens[: item.chunk.token_end], dtype=torch.long, device=device),
+            prompt_token=spec.flow_prompt_tokens.to(device),
+            prompt_feat=spec.flow_prompt_mel.to(device),
+            embedding=spec.embedding.to(device),
+            offset=item.chunk.offset,
+        )
+
+    def _count_flow(self, rows: int) -> None:
+        self.stats.flow_calls += 1
+        self.stats.flow_rows += rows
+
     def _incremental(self, seg: SegmentState, chunk: Chunk, stream: bool) -> bool:
         if not stream or self.flow_cache == "exact":
             return False
         if not chunk.finalize:
             return True
         return self.flow_cache == "incremental" and seg.flow_cache is not None
+
+    # -- HiFT ---------------------------------------------------------------------------------
+
+    def _vocode(
+        self, work: Sequence[ChunkWork], mels: list[Tensor | Exception]
+    ) -> list[np.ndarray | Exception]:
+        results: list[np.ndarray | Exception] = [RuntimeError("not run")] * len(work)
+        inputs: dict[int, _Vocoding] = {}
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for i, (item, mel) in enumerate(zip(work, mels, strict=True)):
+            if isinstance(mel, Exception):
+                results[i] = mel
+                continue
+            try:
+                inputs[i] = self._prepare(item, mel)
+            except Exception as exc:
+                results[i] = exc
+                continue
+            groups.setdefault((inputs[i].mel.shape[2], inputs[i].cache_source is None), []).append(i)
+        outputs: list[tuple[Tensor, Tensor] | Exception] = [RuntimeError("not run")] * len(work)
+        for members in groups.values():
+            _batched("hift", self._hift, [inputs[i] for i in members], members, outputs)
+        for i, out in enumerate(outputs):
+            if i in inputs:
+                results[i] = out if isinstance(out, Exception) else self._commit(work[i], inputs[i], *out)
+        return results
+
+    def _prepare(self, item: ChunkWork, mel: Tensor) -> _Vocoding:
+        spec, cache_source = item.request.spec, None
+        if spec.stream:
+            mel, cache_source = item.seg.hift.prepare(mel)
+        elif spec.speed != 1.0:
+            mel = F.interpolate(mel, size=int(mel.shape[2] / spec.speed), mode="linear")
+        cfg = self.hift.cfg
+        samples = mel.shape[2] * cfg.upsample_factor
+        excitation = Excitation.draw(1, cfg.nb_harmonics + 1, samples, item.request.vocoder_generator)
+        return _Vocoding(mel, cache_source, excitation)
+
+    def _hift(self, inputs: Sequence[_Vocoding]) -> list[tuple[Tensor, Tensor]]:
+        """Chunks of equal mel length (and all with or all without a cached source)."""
+        mel = torch.cat([v.mel for v in inputs])  # (B, 80, T)
+        sources = [v.cache_source for v in inputs if v.cache_source is not None]
+        cache_source = torch.cat(sources) if sources else None  # (B, 1, S)
+        excitation = Excitation(noise=torch.cat([v.excitation.noise for v in inputs]))
+        wave, source = self.hift.inference(mel, cache_source, excitation=excitation)  # (B, L), (B, 1, L)
+        self.stats.hift_calls += 1
+        self.stats.hift_rows += len(inputs)
+        return [(wave[b : b + 1], source[b : b + 1]) for b in range(len(inputs))]
+
+    def _commit(
+        self, item: ChunkWork, vocoding: _Vocoding, wave: Tensor, source: Tensor
+    ) -> np.ndarray | Exception:
+        try:
+            if item.request.spec.stream:
+                wave = item.seg.hift.commit(vocoding.mel, wave, source, finalize=item.chunk.finalize)
+        except Exception as exc:
+            return exc
+        audio: np.ndarray = wave[0].float().cpu().numpy()
+        self.stats.audio_samples += int(audio.size)
+        return audio
+
+
+def _batched(
+    stage: str,
+    call: Callable[[list[_In]], list[_Out]],
+    inputs: list[_In],
+    indices: list[int],
+    results: list[_Out | Exception],
+) -> None:
+    """``results[indices[k]] = call(inputs)[k]``; if the batched call fails, each input
+    again alone, so that only an input that fails alone gets its error. A broken device
+    (``torch.AcceleratorError``) is not retried: it stops the engine."""
+    try:
+        outputs: list[_Out | Exception] = list(call(inputs))
+    except torch.AcceleratorError:
+        raise
+    except Exception as exc:
+        if len(inputs) == 1:
+            outputs = [exc]
+        else:
+            logger.exception("batched %s of %d chunks failed; retrying one by one", stage, len(inputs))
+            outputs = []
+            for item in inputs:
+                try:
+                    outputs.append(call([item])[0])
+                except torch.AcceleratorError:
+                    raise
+                except Exception as alone:
+                    outputs.append(alone)
+    for i, out in zip(indices, outputs, strict=True):
+        results[i] = out

@@ -38,7 +38,7 @@ class PreLookahead(nn.Module):
     """Mixes each position with the next ``lookahead`` positions (``conv1``), then with
     the two previous ones (``conv2``), plus a residual.
 
-    At the end of the input the look-ahead sees ``context`` (real future tokens, while
+    At the end of each row the look-ahead sees ``context`` (real future tokens, while
     streaming) or zeros (when the utterance is finished)."""
 
     def __init__(self, dim: int, lookahead: int) -> None:
@@ -47,14 +47,24 @@ class PreLookahead(nn.Module):
         self.conv1 = nn.Conv1d(dim, dim, kernel_size=lookahead + 1)
         self.conv2 = nn.Conv1d(dim, dim, kernel_size=3)
 
-    def forward(self, x: Tensor, context: Tensor | None, states: LayerStates | None = None) -> Tensor:
-        """``x``: ``(B, T, D)``; ``context``: ``(B, C, D)`` with ``C <= lookahead`` or None.
-        ``states``: cached positions before ``x`` (incremental streaming). Returns ``(B, T, D)``."""
+    def forward(
+        self, x: Tensor, lengths: Tensor, context: Tensor | None, states: LayerStates | None = None
+    ) -> Tensor:
+        """``x``: ``(B, T, D)``, zero after each row's ``lengths`` ``(B,)``; ``context``:
+        ``(B, C, D)`` with ``C <= lookahead``, placed right after row ``b``'s
+        ``lengths[b]`` positions, or None. ``states``: cached positions before ``x``
+        (incremental streaming). Returns ``(B, T, D)``."""
         h = x.transpose(1, 2)  # (B, D, T)
         if context is not None:
-            if context.shape[1] > self.lookahead:
-                raise ValueError(f"look-ahead context of {context.shape[1]} > {self.lookahead} positions")
-            h = torch.cat([h, context.transpose(1, 2)], dim=2)
+            width = context.shape[1]
+            if width > self.lookahead:
+                raise ValueError(f"look-ahead context of {width} > {self.lookahead} positions")
+            # Right after each row's own end, so a short row of a ragged batch sees its
+            # context where it would alone (over zero padding, which it would not see).
+            index = lengths.unsqueeze(1) + torch.arange(width, device=h.device)  # (B, C)
+            h = F.pad(h, (0, width)).scatter(
+                2, index.unsqueeze(1).expand(-1, h.shape[1], -1), context.transpose(1, 2)
+            )
         h = F.pad(h, (0, self.lookahead + x.shape[1] - h.shape[2]))  # (B, D, T + lookahead)
         h = F.leaky_relu(self.conv1(h), negative_slope=0.01)  # (B, D, T)
         return causal_conv(self.conv2, h, states).transpose(1, 2) + x
@@ -116,10 +126,11 @@ class UpsampleConformerEncoder(nn.Module):
 
         ``x``: ``(B, T, D_in)`` (rows padded after ``lengths``); ``lengths``: ``(B,)`` int64;
         ``context``: ``(B, C, D_in)`` embeddings of up to ``pre_lookahead_len`` future tokens
-        that the look-ahead convolution sees after position ``T-1`` (not encoded themselves),
-        or None for zeros. Returns ``(B, stride*T, D)`` and the output lengths ``(B,)``.
+        that the look-ahead convolution sees after row ``b``'s last position
+        ``lengths[b] - 1`` (not encoded themselves), or None for zeros. Returns
+        ``(B, stride*T, D)`` and the output lengths ``(B,)``.
 
-        ``cache`` (streaming only, rows unpadded): ``x`` holds the tokens after the
+        ``cache`` (streaming only): ``x`` holds the tokens after the
         ``cache.encoder_tokens.length`` cached ones, and the output the frames after
         ``cache.encoder_frames.length``; positions are counted from the cached start.
         """
@@ -131,7 +142,7 @@ class UpsampleConformerEncoder(nn.Module):
         # Zeroed padding looks like the zero right-padding a lone request gets, so each
         # row of a ragged batch encodes as it would alone.
         h = self.embed(x) * valid.unsqueeze(-1).to(x.dtype)
-        h = self.lookahead(h, None if context is None else self.embed(context), token_states)
+        h = self.lookahead(h, lengths, None if context is None else self.embed(context), token_states)
         h = self._layers(self.layers, h, valid, self.chunk_size if streaming else 0, token_states)
 
         h = self.upsample(h.transpose(1, 2), frame_states).transpose(1, 2)  # (B, stride*T, D)

@@ -22,6 +22,8 @@ class LayerStates:
     ``length`` positions are final and cached. During a pass the new positions start at
     ``length``; the first ``keep`` of them are final and become cached as the layers
     see them (each layer runs once per pass). :meth:`finish` then moves ``length``.
+    A pass that fails before :meth:`finish` leaves the cached positions as they were, so
+    it can be run again.
     """
 
     def __init__(self) -> None:
@@ -31,6 +33,7 @@ class LayerStates:
         self._keys: dict[nn.Module, Tensor] = {}  # (B, H, capacity, d)
         self._values: dict[nn.Module, Tensor] = {}
         self._context: dict[nn.Module, Tensor] = {}  # (B, C, kernel - 1)
+        self._next_context: dict[nn.Module, Tensor] = {}  # the context after this pass
 
     def begin(self, keep: int) -> None:
         if keep < 0:
@@ -40,6 +43,8 @@ class LayerStates:
     def finish(self) -> None:
         self.length += self.keep
         self.keep = 0
+        self._context.update(self._next_context)
+        self._next_context.clear()
 
     def attend(self, layer: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of all positions so far for ``layer``'s new ``k``, ``v``
@@ -63,7 +68,7 @@ class LayerStates:
             context = x.new_zeros(x.shape[0], x.shape[1], width)
         padded = torch.cat([context, x], dim=2)
         # The context for the next pass: the ``width`` positions before the new ``length``.
-        self._context[conv] = padded[:, :, self.keep : self.keep + width].clone()
+        self._next_context[conv] = padded[:, :, self.keep : self.keep + width].clone()
         return padded
 
     def fork(self) -> "LayerStates":
