@@ -21,6 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from cosyserve.engine.flow_cache_mode import FlowCacheMode
 from cosyserve.errors import CosyserveError
 from cosyserve.models.precision_choices import Dtype, Quantization
 from cosyserve.paths import cache_dir, default_model_dir
@@ -71,6 +72,17 @@ class Settings(BaseSettings):
     compile: bool = Field(
         False,
         description="torch.compile the LM's MLPs (unquantized LM only; slower start, see docs/precision.md).",
+    )
+    # Engine options (cosyserve.engine.config.EngineConfig; docs/streaming-flow.md).
+    flow_cache: FlowCacheMode = Field(
+        "incremental",
+        description="Streaming flow work per chunk: exact (upstream: recompute prompt + all tokens), "
+        "cached (same output, intermediate chunks incremental), incremental (final chunk too; fastest).",
+    )
+    flow_prompt_cache_mb: int = Field(
+        4096,
+        ge=0,
+        description="MiB of voices' primed flow prompt states kept for streaming first chunks; 0: none.",
     )
     host: str = Field("127.0.0.1", min_length=1, description="HTTP (and gRPC) listen address.")
     port: int = Field(8000, ge=0, le=65535, description="HTTP port (0: any free port).")

@@ -1,4 +1,5 @@
-"""``ServerRuntime``: the precision settings reach the model and the engine's KV cache."""
+"""``ServerRuntime``: the precision and engine settings reach the model, the engine's KV
+cache and its configuration."""
 
 import asyncio
 import os
@@ -17,7 +18,12 @@ def test_bf16_setting_loads_a_bf16_model_with_a_bf16_kv_cache(
     for name in [n for n in os.environ if n.startswith("COSYSERVE_")]:
         monkeypatch.delenv(name)
     settings = Settings.load(
-        model_dir=tiny_model_dir, grpc_port=0, voices_db=tmp_path / "voices.sqlite3", dtype="bf16"
+        model_dir=tiny_model_dir,
+        grpc_port=0,
+        voices_db=tmp_path / "voices.sqlite3",
+        dtype="bf16",
+        flow_cache="cached",
+        flow_prompt_cache_mb=7,
     )
     runtime = ServerRuntime(settings)
 
@@ -29,6 +35,8 @@ def test_bf16_setting_loads_a_bf16_model_with_a_bf16_kv_cache(
             assert next(service.model.flow.parameters()).dtype == torch.bfloat16
             cache = service.engine.engine.lm_runner.cache
             assert cache.k.dtype == cache.v.dtype == torch.bfloat16
+            config = service.engine.engine.config
+            assert (config.flow_cache, config.flow_prompt_cache_mb) == ("cached", 7)
         finally:
             await runtime.stop()
 

@@ -54,6 +54,8 @@ def test_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         ({"workers": 0}, "invalid setting workers"),
         ({"max_queued": -1}, "invalid setting max_queued"),
         ({"log_level": "loud"}, "invalid setting log_level"),
+        ({"flow_cache": "sometimes"}, "invalid setting flow_cache"),
+        ({"flow_prompt_cache_mb": -1}, "invalid setting flow_prompt_cache_mb"),
     ],
 )
 def test_invalid_values(overrides: dict[str, object], message: str) -> None:

@@ -1,13 +1,12 @@
 """Engine options, fixed at start."""
 
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 import torch
 
-# How streaming chunks reach the flow; see cosyserve.engine.token2wav.Token2Wav.
-FlowCacheMode = Literal["exact", "cached", "incremental"]
-FLOW_CACHE_MODES: tuple[FlowCacheMode, ...] = get_args(FlowCacheMode)
+from cosyserve.engine.flow_cache_mode import FLOW_CACHE_MODES, FlowCacheMode
+
+__all__ = ["FLOW_CACHE_MODES", "EngineConfig", "FlowCacheMode"]
 
 
 @dataclass(frozen=True)

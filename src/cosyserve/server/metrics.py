@@ -138,7 +138,7 @@ class _EngineCollector(Collector):
                     getattr(stats, f"{stage}_s"),
                 )
             # token2wav runs one chunk per call: its batch size is 1, calls are the work count.
-            yield _counter("cosyserve_flow_calls", "Flow (token-to-mel) chunk calls.", stats.flow_calls)
+            yield _counter("cosyserve_flow_calls", "Flow (token-to-mel) calls; a batched call carries several chunks.", stats.flow_calls)
             yield _counter("cosyserve_hift_calls", "HiFT (mel-to-wave) chunk calls.", stats.hift_calls)
             errors = CounterMetricFamily(
                 "cosyserve_engine_errors", "Requests the engine failed, by error code.", labels=["kind"]

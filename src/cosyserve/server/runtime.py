@@ -99,7 +99,13 @@ class ServerRuntime:
                 device=settings.device,
                 compile=settings.compile,
             )
-            config = engine_config_for(model, max_active=settings.max_active, max_waiting=settings.max_queued)
+            config = engine_config_for(
+                model,
+                max_active=settings.max_active,
+                max_waiting=settings.max_queued,
+                flow_cache=settings.flow_cache,
+                flow_prompt_cache_mb=settings.flow_prompt_cache_mb,
+            )
             engine = Engine(model.lm, model.flow, model.hift, config)
             self._engine = AsyncEngine(engine)
             self._engine.start()
