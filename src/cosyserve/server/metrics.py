@@ -137,9 +137,11 @@ class _EngineCollector(Collector):
                     f"Wall seconds spent in {stage}.",
                     getattr(stats, f"{stage}_s"),
                 )
-            # token2wav runs one chunk per call: its batch size is 1, calls are the work count.
-            yield _counter("cosyserve_flow_calls", "Flow (token-to-mel) calls; a batched call carries several chunks.", stats.flow_calls)
-            yield _counter("cosyserve_hift_calls", "HiFT (mel-to-wave) chunk calls.", stats.hift_calls)
+            # token2wav batches chunks of several requests: calls and the chunks they carried.
+            yield _counter("cosyserve_flow_calls", "Flow (token-to-mel) batched calls.", stats.flow_calls)
+            yield _counter("cosyserve_flow_chunks", "Chunks through the flow.", stats.flow_rows)
+            yield _counter("cosyserve_hift_calls", "HiFT (mel-to-wave) batched calls.", stats.hift_calls)
+            yield _counter("cosyserve_hift_chunks", "Chunks through HiFT.", stats.hift_rows)
             errors = CounterMetricFamily(
                 "cosyserve_engine_errors", "Requests the engine failed, by error code.", labels=["kind"]
             )
