@@ -9,14 +9,17 @@ Both sides get the same synthetic zero-shot prompt (``--prompt-seconds`` of rand
 tokens, mel and embedding, and a transcript), the same text ids and exactly ``--tokens``
 speech tokens per request (upstream forced as upstream-cpu-baseline.md describes: min_len =
 max_len = N with all three stop ids masked). Each side runs in its own subprocess, so its
-peak RSS is its own, and measures, after one short warm-up request:
+peak RSS is its own, and measures, after a short warm-up (one non-streaming and one
+streaming request of the same voice; on our side the latter primes the voice's flow
+prompt states, as the first stream of a registered voice does in a server):
 
 1. non-streaming: wall time of one request;
 2. streaming: time to the first audio of one request (then the rest, to its end);
 3. ``--streams`` concurrent streams: audio seconds made per wall second (upstream: one
    thread per stream calling ``tts``, as its servers do; ours: one asyncio task per
    stream on one :class:`~cosyserve.engine.async_engine.AsyncEngine`);
-4. peak RSS of the whole process (loading included) and after loading.
+4. peak RSS of the whole process (loading included), after loading, of loading plus the
+   single requests (1 and 2), and of the concurrent streams (3) alone.
 
 Upstream is the test-only reference (``cosyvoice-minicpmo``), built by
 ``tests/pipeline/upstream_model.py`` with the stand-ins of ``tests/upstream.py``; it runs in
@@ -118,12 +121,14 @@ def run_upstream(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     if args.warm_up:
         force(WARM_UP_TOKENS)
         synthesize(texts[0], stream=False)
+        synthesize(texts[0], stream=True)
     force(args.tokens)
     peaks = _loaded()
     _progress("upstream: non-streaming")
     _, non_stream_s, samples = synthesize(texts[0], stream=False)
     _progress("upstream: streaming")
     first_audio_s, stream_s, _ = synthesize(texts[1], stream=True)
+    single_peak = _phase_peak()
     _progress(f"upstream: {args.streams} streams on {args.streams} threads")
     results: list[tuple[float, float, int]] = []
 
@@ -139,7 +144,7 @@ def run_upstream(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     wall = time.perf_counter() - begin
     return _side_report(
         load_s, non_stream_s, samples / rate, first_audio_s, stream_s,
-        sum(r[2] for r in results) / rate, wall, peaks,
+        sum(r[2] for r in results) / rate, wall, peaks, single_peak,
     )  # fmt: skip
 
 
@@ -184,20 +189,23 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         return time.perf_counter() - begin, sum(r[2] for r in results)
 
     try:
-        if args.warm_up:
+        if args.warm_up:  # the streaming one also primes the voice's flow prompt states
             asyncio.run(synthesize(texts[0], False, WARM_UP_TOKENS))
+            asyncio.run(synthesize(texts[0], True, WARM_UP_TOKENS))
         peaks = _loaded()
         _progress("ours: non-streaming")
         _, non_stream_s, samples = asyncio.run(synthesize(texts[0], False, args.tokens))
         _progress("ours: streaming")
         first_audio_s, stream_s, _ = asyncio.run(synthesize(texts[1], True, args.tokens))
+        single_peak = _phase_peak()
         _progress(f"ours: {args.streams} concurrent streams")
         wall, stream_samples = asyncio.run(streams())
     finally:
         engine.shutdown()
     report = _side_report(
-        load_s, non_stream_s, samples / rate, first_audio_s, stream_s, stream_samples / rate, wall, peaks
-    )
+        load_s, non_stream_s, samples / rate, first_audio_s, stream_s, stream_samples / rate, wall, peaks,
+        single_peak,
+    )  # fmt: skip
     precision = {
         "precision": model.precision.describe(),
         "kv_cache_dtype": str(config.dtype).removeprefix("torch."),
@@ -214,6 +222,14 @@ def _loaded() -> tuple[float, bool]:
     return peak_rss_mb(), reset_peak_rss()
 
 
+def _phase_peak() -> float:
+    """The peak RSS since the last reset (the single requests after loading), then reset,
+    so that the concurrent streams' peak is measured on its own."""
+    peak = peak_rss_mb()
+    reset_peak_rss()
+    return peak
+
+
 def _side_report(
     load_s: float,
     non_stream_s: float,
@@ -223,9 +239,11 @@ def _side_report(
     streams_audio_s: float,
     streams_wall_s: float,
     peaks: tuple[float, bool],
+    single_peak: float,
 ) -> dict[str, Any]:
     load_peak, reset = peaks
-    after_load = peak_rss_mb()  # since the reset, or since the start if there was none
+    streams_peak = peak_rss_mb()  # since the reset, or since the start if there was none
+    after_load = max(single_peak, streams_peak)
     return {
         "load_s": load_s,
         "non_stream_s": non_stream_s,
@@ -236,6 +254,8 @@ def _side_report(
         "streams_audio_s_per_s": streams_audio_s / streams_wall_s,
         "peak_rss_mb": max(load_peak, after_load),
         "peak_rss_after_load_mb": after_load if reset else None,
+        "peak_rss_single_mb": max(load_peak, single_peak),
+        "peak_rss_streams_mb": streams_peak if reset else None,
         "load_average_after": os.getloadavg(),
         "torch_threads": torch.get_num_threads(),
     }
@@ -296,6 +316,8 @@ def _table(reports: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]]
         ("concurrent streams: audio s/s", "streams_audio_s_per_s", "{:.3f}"),
         ("peak RSS, whole process (MiB)", "peak_rss_mb", "{:.0f}"),
         ("peak RSS after load (MiB)", "peak_rss_after_load_mb", "{:.0f}"),
+        ("peak RSS, load + single requests (MiB)", "peak_rss_single_mb", "{:.0f}"),
+        ("peak RSS, concurrent streams (MiB)", "peak_rss_streams_mb", "{:.0f}"),
         ("model load (s)", "load_s", "{:.1f}"),
     ]
     sides = [s for s in SIDES if s in reports]
