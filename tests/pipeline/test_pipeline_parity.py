@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 import torch
 
+from cosyserve.engine import token2wav
 from cosyserve.engine.config import EngineConfig, FlowCacheMode
 from cosyserve.engine.request import generators_for
 from cosyserve.loader import LoadedModel
+from cosyserve.models.flow.rows import FlowRow, infer_rows
 from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
 from cosyserve.pipeline.synthesizer import Synthesizer
 from cosyserve.pipeline.voice import VoicePrompt
@@ -27,7 +29,7 @@ from tests.pipeline.upstream_model import (
     build_upstream_model,
     forced_length,
     full_mask_step,
-    recording_generator_states,
+    record_excitation_states,
     recording_tokens,
     replaying_global_states,
 )
@@ -91,7 +93,7 @@ def test_streaming_token2wav_matches_upstream_chunk_by_chunk(
     synth = Synthesizer(tiny_model, EngineConfig(max_active=1, flow_cache=flow_cache))
     source = tuple(torch.randint(0, 6561, (65,), generator=torch.Generator().manual_seed(8)).tolist())
     states: list[torch.Tensor] = []
-    monkeypatch.setattr(tiny_model.hift, "inference", recording_generator_states(tiny_model.hift, states))
+    record_excitation_states(monkeypatch, states)
     opts = SynthesisOptions(seed=21)
     ours = list(
         synth.stream(
@@ -133,17 +135,15 @@ def test_text_to_waveform_matches_upstream_with_forced_tokens(
     (text_ids,) = synth.frontend.text_segments(text)
 
     our_tokens: list[torch.Tensor] = []
-    flow_inference = synth.model.flow.inference
 
-    def spy(token: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def spy(flow: Any, rows: list[FlowRow], **kwargs: Any) -> list[torch.Tensor]:
         """Our flow's token input: the tokens our LM generated."""
-        our_tokens.append(token[0].clone())
-        result: torch.Tensor = flow_inference(token, *args, **kwargs)
-        return result
+        our_tokens.extend(row.token.clone() for row in rows)
+        return infer_rows(flow, rows, **kwargs)
 
     states: list[torch.Tensor] = []
-    monkeypatch.setattr(synth.model.flow, "inference", spy)
-    monkeypatch.setattr(synth.model.hift, "inference", recording_generator_states(synth.model.hift, states))
+    monkeypatch.setattr(token2wav, "infer_rows", spy)
+    record_excitation_states(monkeypatch, states)
     opts = SynthesisOptions(seed=seed, min_tokens=tokens, max_tokens=tokens)
     ours = synth.synthesize(SynthesisRequest(text, Mode.ZERO_SHOT, voice, options=opts))
 

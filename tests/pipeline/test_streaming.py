@@ -140,14 +140,16 @@ def _run_together(synth: Synthesizer, requests: list[SynthesisRequest]) -> list[
 def test_concurrent_streams_chunk_identically(
     synth: Synthesizer, voice: VoicePrompt, consecutive: list[list[np.ndarray]]
 ) -> None:
-    """Two streams in one engine (two KV slots, both stepped) chunk exactly like a stream
-    alone, and give its audio: chunk cursors and vocoder caches are per request."""
+    """Two streams in one engine (two KV slots, both stepped, their chunks batched) chunk
+    exactly like a stream alone, and give its audio up to the float rounding of a batched
+    call: chunk cursors and vocoder caches are per request."""
     together = Synthesizer(synth.model, EngineConfig(max_active=2))
     both = _run_together(together, [_lm_request(voice, 60), _lm_request(voice, 60)])
     alone = consecutive[0]
     for chunks in both:
         assert [c.size for c in chunks] == [c.size for c in alone]
-        assert all(np.array_equal(a, b) for a, b in zip(chunks, alone, strict=True))
+        assert all(np.abs(a - b).max() <= 1e-4 for a, b in zip(chunks, alone, strict=True))
+    assert together.engine.stats.flow_rows > together.engine.stats.flow_calls  # really batched
 
 
 def test_stopping_the_iteration_aborts_the_request(synth: Synthesizer, voice: VoicePrompt) -> None:

@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
+from cosyserve.models.hift.source import Excitation
 from cosyserve.models.sampling import UNIFORMS_PER_STEP
 from tests.upstream import load_yaml_sections, upstream
 
@@ -102,15 +104,17 @@ def forced_length(llm: Any, tokens: int) -> tuple[Callable[..., Any], Callable[.
     return forced_wrapper, masked_sampling_ids
 
 
-def recording_generator_states(hift: Any, states: list[torch.Tensor]) -> Callable[..., Any]:
-    """Our ``HiFTGenerator.inference``, appending the request generator's state before each call."""
-    original = hift.inference
+def record_excitation_states(monkeypatch: pytest.MonkeyPatch, states: list[torch.Tensor]) -> None:
+    """Make our ``Excitation.draw`` append the request generator's state before each draw
+    (one per vocoder call: the engine draws a chunk's excitation just before HiFT runs)."""
+    original = Excitation.draw
 
-    def inference(mel: torch.Tensor, *args: Any, generator: torch.Generator, **kwargs: Any) -> Any:
-        states.append(generator.get_state())
-        return original(mel, *args, generator=generator, **kwargs)
+    def draw(batch: int, sines: int, samples: int, generator: Any) -> Excitation:
+        if isinstance(generator, torch.Generator):
+            states.append(generator.get_state())
+        return original(batch, sines, samples, generator)
 
-    return inference
+    monkeypatch.setattr(Excitation, "draw", staticmethod(draw))
 
 
 def replaying_global_states(hift: Any, states: list[torch.Tensor]) -> Callable[..., Any]:
