@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from cosyserve.cli import app
 from cosyserve.server.grpc.protos import cosyserve_v1_pb2, cosyserve_v1_pb2_grpc
 from tests.server.conftest import (
+    ServerProcess,
     isolated_env,
     running_server,
     serve_command,
@@ -98,7 +99,7 @@ def test_ready_grpc_and_graceful_sigterm(tiny_model_dir: Path, tmp_path: Path) -
     """/ready is 503 while loading; gRPC runs in the same process on the same service; on
     SIGTERM a short stream finishes, one longer than the grace period is cut off, and the
     process exits 0 soon after the grace period."""
-    grace = 4.0
+    grace = 6.0
     states: list[str] = []
     grpc_port = _free_port()
     with running_server(
@@ -125,21 +126,21 @@ def test_ready_grpc_and_graceful_sigterm(tiny_model_dir: Path, tmp_path: Path) -
             except httpx.HTTPError as exc:
                 results[name] = exc
 
-        threads = [
-            threading.Thread(target=stream, args=("short", 25)),
-            threading.Thread(target=stream, args=("long", 5000)),
-        ]
-        for thread in threads:
-            thread.start()
-        while server.ready().json()["engine_requests"] < 2:
-            time.sleep(0.05)
+        short_tokens = 100  # about 1 s on the tiny model: still running at SIGTERM, done in the grace
+        long = threading.Thread(target=stream, args=("long", 5000))
+        short = threading.Thread(target=stream, args=("short", short_tokens))
+        threads = [long, short]
+        long.start()
+        _wait_engine_requests(server, 1)
+        short.start()
+        _wait_engine_requests(server, 2)
         server.process.send_signal(signal.SIGTERM)
         sent = time.monotonic()
         assert server.process.wait(grace + 15) == 0
         stopped_after = time.monotonic() - sent
         for thread in threads:
             thread.join(10)
-    assert results["short"] == 25 * 960 * 2  # finished within the grace period
+    assert results["short"] == short_tokens * 960 * 2  # finished within the grace period
     assert isinstance(results["long"], httpx.RemoteProtocolError)  # cut off after it
     assert grace - 0.5 < stopped_after < grace + 10
     log = server.log()
@@ -159,6 +160,13 @@ def test_two_workers_share_one_port(tiny_model_dir: Path, tmp_path: Path) -> Non
         body |= {"min_tokens": 10, "max_tokens": 10}
         response = httpx.post(f"{server.url}/v1/audio/speech", json=body, timeout=60)
         assert response.status_code == 200
+
+
+def _wait_engine_requests(server: ServerProcess, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while server.ready().json()["engine_requests"] < count:
+        assert time.monotonic() < deadline, f"fewer than {count} requests reached the engine"
+        time.sleep(0.02)
 
 
 def _isolate(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> None:
