@@ -8,7 +8,7 @@ import torch
 from cosyserve.errors import InvalidRequestError
 from cosyserve.models.flow import Flow
 from cosyserve.models.flow.stream_cache import FlowStreamCache, LayerStates
-from tests.models.test_flow_incremental import Voice
+from tests.models.flow.test_flow_incremental import Voice
 
 _TOL = 1e-5
 

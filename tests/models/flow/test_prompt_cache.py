@@ -7,7 +7,7 @@ import torch
 from cosyserve.models.flow import Flow
 from cosyserve.models.flow.prompt_cache import FlowPromptCache
 from cosyserve.models.flow.stream_cache import FlowStreamCache
-from tests.models.test_flow_incremental import Voice
+from tests.models.flow.test_flow_incremental import Voice
 
 _TOL = 1e-5
 

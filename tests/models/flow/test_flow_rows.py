@@ -1,8 +1,6 @@
 """Chunks of several requests through the flow in one call (``infer_rows``,
 ``stream_rows``) give each request the frames it gets alone."""
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -11,24 +9,8 @@ from cosyserve.models.flow import Flow
 from cosyserve.models.flow.rows import FlowRow, infer_rows, stream_rows
 from cosyserve.models.flow.stream_cache import FlowStreamCache
 from cosyserve.pipeline.chunking import Chunk, ChunkSchedule
-from cosyserve.weights.randomize import randomize_
 
 _MEL_TOL = 1e-5
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def flow() -> Flow:
-    model = Flow(TINY.flow)
-    randomize_(model, torch.Generator().manual_seed(0))
-    return model.eval()
 
 
 class Voice:

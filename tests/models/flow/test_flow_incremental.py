@@ -25,23 +25,6 @@ from cosyserve.weights.randomize import randomize_
 _TOL = 1e-4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    # These tensors are tiny: a second intra-op thread only adds synchronisation, which
-    # costs tens of times the work itself when the CPUs are shared.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def flow() -> Flow:
-    model = Flow(TINY.flow)
-    randomize_(model, torch.Generator().manual_seed(0))
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def hift() -> HiFTGenerator:
     model = HiFTGenerator(TINY.hift)
