@@ -2,12 +2,14 @@
 the same audio as without it, and a voice is primed once."""
 
 import pytest
+import torch
 
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.config import EngineConfig, FlowCacheMode
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.request import GenerationSpec
 from cosyserve.loader import LoadedModel
+from cosyserve.models.flow.stream_cache import FlowStreamCache
 from tests.engine.helpers import assert_same, run_together
 
 
@@ -58,3 +60,25 @@ def test_the_same_audio_with_and_without_the_prompt_cache(
 def test_exact_mode_has_no_prompt_cache(tiny_model: LoadedModel) -> None:
     engine = _engine(tiny_model, "exact", 64)
     assert engine.flow_prompt_cache is None
+
+
+def test_a_priming_failure_fails_only_its_request(
+    tiny_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    specs = _specs(tiny_model)
+    engine = _engine(tiny_model, "incremental", 64)
+    cache = engine.flow_prompt_cache
+    assert cache is not None
+    prime = cache.stream_cache
+    failing = specs[2].flow_prompt_tokens  # voice 1: only request 2 uses it
+
+    def stream_cache(prompt_token: torch.Tensor, *args: torch.Tensor) -> FlowStreamCache:
+        if prompt_token is failing:
+            raise RuntimeError("priming broke")
+        return prime(prompt_token, *args)
+
+    monkeypatch.setattr(cache, "stream_cache", stream_cache)
+    results = run_together(engine, specs)
+    assert results["req-2"].error is not None and results["req-2"].error.code == "internal_error"
+    assert all(results[s.request_id].error is None for s in specs if s.request_id != "req-2")
+    assert not engine.has_work()

@@ -109,16 +109,22 @@ class Token2Wav:
     def _flow(self, work: Sequence[ChunkWork]) -> list[Tensor | Exception]:
         """Per chunk, its new mel frames ``(1, 80, T)`` float32, or the error."""
         groups: dict[tuple[object, ...], list[int]] = {}
+        results: list[Tensor | Exception] = [RuntimeError("not run")] * len(work)
         for i, item in enumerate(work):
             seg, chunk = item.seg, item.chunk
             if self._incremental(seg, chunk, item.request.spec.stream):
                 if seg.flow_cache is None:
-                    seg.flow_cache = self._new_flow_cache(item.request)
+                    try:  # priming a voice's prompt states can fail; only this request fails then
+                        seg.flow_cache = self._new_flow_cache(item.request)
+                    except torch.AcceleratorError:
+                        raise
+                    except Exception as exc:
+                        results[i] = exc
+                        continue
                 key: tuple[object, ...] = ("incremental", seg.flow_cache.tokens, chunk.finalize)
             else:
                 key = ("full", item.request.spec.stream and not chunk.finalize, chunk.finalize)
             groups.setdefault(key, []).append(i)
-        results: list[Tensor | Exception] = [RuntimeError("not run")] * len(work)
         for (kind, *_), members in groups.items():
             call = self._flow_incremental if kind == "incremental" else self._flow_full
             _batched("flow", call, [work[i] for i in members], members, results)
