@@ -1,9 +1,10 @@
 """The ``cosyserve bench`` commands: ``bench engine`` (see :mod:`cosyserve.bench.engine_bench`)
 and ``bench server`` (see :mod:`cosyserve.bench.server_load`)."""
 
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
@@ -20,6 +21,8 @@ class FlowCache(StrEnum):
     cached = "cached"
     incremental = "incremental"
 
+
+_Report = TypeVar("_Report")
 
 bench_app = typer.Typer(help="Measure the engine's latency and throughput.", no_args_is_help=True)
 
@@ -89,8 +92,6 @@ def bench_engine(
     levels = _levels(concurrency)
     # Imported here so that other commands (and --help) do not pay for torch.
     import torch
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from cosyserve.bench.engine_bench import BenchOptions, run_engine_bench
     from cosyserve.bench.report import report_json, report_markdown
@@ -112,21 +113,10 @@ def bench_engine(
     model = load_model(
         require_model_dir(model_dir or default_model_dir()), dtype=dtype, quantize=quantize, device=device
     )
-    columns = (
-        TextColumn("concurrency {task.fields[level]:>3}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
+    report = _with_progress(
+        levels, lambda c: rounds * c, progress, lambda advance: run_engine_bench(model, options, advance)
     )
-    with Progress(*columns, console=Console(stderr=True), disable=not progress) as bar:
-        tasks = {c: bar.add_task("", total=rounds * c, level=c) for c in levels}
-        report = run_engine_bench(model, options, lambda level: bar.advance(tasks[level]))
-    table = report_markdown(report)
-    if json_out is not None:
-        json_out.write_text(report_json(report))
-    if markdown_out is not None:
-        markdown_out.write_text(table)
-    typer.echo(table, nl=False)
+    _write_report(report_markdown(report), lambda: report_json(report), json_out, markdown_out)
 
 
 @bench_app.command("server")
@@ -175,8 +165,6 @@ def bench_server(
     levels = _levels(concurrency)
     if api not in ("openai", "upstream"):
         raise typer.BadParameter("--api is openai or upstream")
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from cosyserve.bench.server_load import LoadOptions, run_server_load
     from cosyserve.bench.server_report import server_report_json, server_report_markdown
@@ -200,6 +188,24 @@ def bench_server(
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+    report = _with_progress(
+        levels, lambda c: requests, progress, lambda advance: run_server_load(options, advance)
+    )
+    _write_report(server_report_markdown(report), lambda: server_report_json(report), json_out, markdown_out)
+
+
+def _with_progress(
+    levels: tuple[int, ...],
+    total: Callable[[int], int],
+    progress: bool,
+    run: Callable[[Callable[[int], None]], _Report],
+) -> _Report:
+    """``run(advance)`` under a progress bar per concurrency level on stderr (``total(level)``
+    requests each); ``advance(level)`` marks one request of that level done."""
+    # Imported here so that other commands (and --help) do not pay for rich's progress.
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     columns = (
         TextColumn("concurrency {task.fields[level]:>3}"),
         BarColumn(),
@@ -207,11 +213,16 @@ def bench_server(
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=Console(stderr=True), disable=not progress) as bar:
-        tasks = {c: bar.add_task("", total=requests, level=c) for c in levels}
-        report = run_server_load(options, lambda level: bar.advance(tasks[level]))
-    table = server_report_markdown(report)
+        tasks = {c: bar.add_task("", total=total(c), level=c) for c in levels}
+        return run(lambda level: bar.advance(tasks[level]))
+
+
+def _write_report(
+    table: str, to_json: Callable[[], str], json_out: Path | None, markdown_out: Path | None
+) -> None:
+    """The Markdown table to stdout (and ``markdown_out``), the JSON to ``json_out``."""
     if json_out is not None:
-        json_out.write_text(server_report_json(report))
+        json_out.write_text(to_json())
     if markdown_out is not None:
         markdown_out.write_text(table)
     typer.echo(table, nl=False)
