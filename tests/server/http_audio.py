@@ -32,6 +32,19 @@ def pcm_samples(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype="<i2")
 
 
+def assert_same_pcm(a: bytes, b: bytes) -> None:
+    """The same audio: equal lengths and every sample within 3 LSB (1e-4 of full scale).
+
+    Not byte equality: a request that overlaps another one in the engine shares its batched
+    flow and vocoder calls, whose float rounding can move a sample by one LSB (the engine
+    promises 1e-4, tests/engine/test_concurrency.py). A wrong seed, voice or token moves
+    thousands of samples by far more."""
+    x, y = pcm_samples(a).astype(np.int32), pcm_samples(b).astype(np.int32)
+    assert x.size == y.size, f"{x.size} vs {y.size} samples"
+    worst = int(np.abs(x - y).max(initial=0))
+    assert worst <= 3, f"samples differ by up to {worst} LSB"
+
+
 def assert_speechlike_pcm(data: bytes, min_seconds: float = 0.1) -> np.ndarray:
     """Audio, not silence or noise-free junk: long enough, not constant."""
     samples = pcm_samples(data)
