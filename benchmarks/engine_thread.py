@@ -1,23 +1,32 @@
-"""The same engine requests on different threads of one process.
+"""The same engine requests on three threads of one process: why only one thread may run
+torch multi-threaded (see ``cosyserve.parallelism``).
 
     python benchmarks/engine_thread.py --model-dir /tmp/cv2-full-bench [--dtype bf16 --quantize int8]
 
-``AsyncEngine`` drives ``Engine.step()`` from its own thread, not the one that loaded the
-model (here the main thread). This runs, one after another, two non-streaming requests of
-``--tokens`` forced tokens on a first thread (which then exits), two on the main thread,
-and two on another thread, and prints each one's wall time and engine seconds in decode
-(also per step), flow and HiFT. Set ``OMP_WAIT_POLICY`` (ACTIVE or PASSIVE) in the
-environment to see how OpenMP's idle threads take part.
+The model loads on a thread of its own (as ``load_model`` always does). Then, one after
+another, two non-streaming requests of ``--tokens`` forced tokens each:
+
+1. ``engine``: on a new thread while the main thread has handed its torch threads over
+   and runs torch single-threaded (the server's arrangement);
+2. ``MainThread``: on the main thread itself, which now runs torch on all the threads,
+   so it starts an OpenMP pool that lives as long as it does;
+3. ``after-main``: on another new thread while that pool is still there.
+
+Each line gives the wall time and the engine's seconds in decode (also per step), flow
+and HiFT. With 2 CPUs, run 3 pays for the two pools (more OpenMP threads than CPUs makes
+idle workers sleep instead of spin); runs 1 and 2 do not.
 """
 
 import argparse
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.engine import Engine
-from cosyserve.loader import engine_config_for, load_model
+from cosyserve.loader import LoadedModel, engine_config_for, load_model
+from cosyserve.parallelism import hand_over_threads, pin_torch_threads
 
 
 def main() -> None:
@@ -29,13 +38,23 @@ def main() -> None:
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--quantize", default="int8")
     args = parser.parse_args()
-    model = load_model(args.model_dir, dtype=args.dtype, quantize=args.quantize)
-    engine = Engine(model.lm, model.flow, model.hift, engine_config_for(model, max_active=1))
+    threads = hand_over_threads()
+    model = load_model(args.model_dir, dtype=args.dtype, quantize=args.quantize, threads=threads)
+    two = _two_requests(model, args.tokens)
+    print(f"torch threads of the engine: {threads}", flush=True)
+    _on_thread("engine", lambda: (pin_torch_threads(threads), two()))
+    pin_torch_threads(threads)
+    two()
+    _on_thread("after-main", lambda: (pin_torch_threads(threads), two()))
+
+
+def _two_requests(model: LoadedModel, tokens: int) -> Callable[[], None]:
+    """Two requests on a new engine, each printing a line; made on the calling thread."""
     voice = synthetic_voice(model.hparams, 3.0, seed=0, name="bench")
-    text = synthetic_text_ids(model.hparams, args.tokens, seed=0)
+    text = synthetic_text_ids(model.hparams, tokens, seed=0)
     counter = iter(range(1_000_000))
 
-    def request(tokens: int) -> None:
+    def request(engine: Engine) -> None:
         stats = engine.stats
         before = (stats.decode_s, stats.decode_steps, stats.flow_s, stats.hift_s)
         start = time.perf_counter()
@@ -50,20 +69,23 @@ def main() -> None:
         )
         print(
             f"{threading.current_thread().name:>12}: wall {time.perf_counter() - start:6.2f} s, "
-            f"decode {decode:5.2f} s "
-            f"({1000 * decode / max(steps, 1):5.1f} ms/step), flow {flow:5.2f} s, HiFT {hift:4.2f} s",
+            f"decode {decode:5.2f} s ({1000 * decode / max(steps, 1):5.1f} ms/step), "
+            f"flow {flow:5.2f} s, HiFT {hift:4.2f} s",
             flush=True,
         )
 
-    def two_on(name: str) -> None:
-        thread = threading.Thread(target=lambda: (request(args.tokens), request(args.tokens)), name=name)
-        thread.start()
-        thread.join()
+    def two() -> None:
+        engine = Engine(model.lm, model.flow, model.hift, engine_config_for(model, max_active=1))
+        request(engine)
+        request(engine)
 
-    two_on("first")
-    request(args.tokens)
-    request(args.tokens)
-    two_on("after-main")
+    return two
+
+
+def _on_thread(name: str, fn: Callable[[], object]) -> None:
+    thread = threading.Thread(target=fn, name=name)
+    thread.start()
+    thread.join()
 
 
 if __name__ == "__main__":

@@ -156,15 +156,17 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     from cosyserve.engine.async_engine import AsyncEngine
     from cosyserve.engine.engine import Engine
     from cosyserve.loader import engine_config_for, load_model
+    from cosyserve.parallelism import hand_over_threads
 
+    threads = hand_over_threads()  # as the server's event loop: model work on the engine's thread only
     voice, texts, rate = workload(model_dir, args)
     start = time.perf_counter()
-    model = load_model(model_dir, dtype=args.dtype, quantize=args.quantize)
+    model = load_model(model_dir, dtype=args.dtype, quantize=args.quantize, threads=threads)
     load_s = time.perf_counter() - start
     config = engine_config_for(model, max_active=max(8, args.streams), max_waiting=args.streams)
     if args.flow_cache is not None:
         config = dataclasses.replace(config, flow_cache=args.flow_cache)
-    engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config))
+    engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config), threads=threads)
     engine.start()
     counter = iter(range(1_000_000))
 
@@ -210,7 +212,8 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         "precision": model.precision.describe(),
         "kv_cache_dtype": str(config.dtype).removeprefix("torch."),
     }
-    return report | {"flow_cache": config.flow_cache} | precision
+    # This process's main thread runs torch on one thread; the engine's runs on ``threads``.
+    return report | {"flow_cache": config.flow_cache, "torch_threads": threads} | precision
 
 
 # -- the two processes and the report --------------------------------------------------------

@@ -18,6 +18,7 @@ from cosyserve.models.lm import CosyVoice2LM, lm_checkpoint_table
 from cosyserve.models.lm_compile import compile_lm_
 from cosyserve.models.precision import Dtype, Precision, Quantization
 from cosyserve.models.quantize import quantize_lm_
+from cosyserve.parallelism import call_on_own_thread
 from cosyserve.text_tokenizer import TextTokenizer
 from cosyserve.weights.checkpoint import load_checkpoint
 
@@ -51,6 +52,7 @@ def load_model(
     quantize: Quantization | str = Quantization.NONE,
     device: str = "cpu",
     compile: bool = False,
+    threads: int | None = None,
 ) -> LoadedModel:
     """Validate and load the model directory at ``path`` in eval mode.
 
@@ -60,7 +62,20 @@ def load_model(
     machine cannot run, before reading any weights, and
     :class:`~cosyserve.errors.ModelDirError` (or its ``CheckpointError``) with a message
     naming what is wrong with the directory.
+
+    The tensor work runs on a thread of its own with ``threads`` torch threads (None:
+    the calling thread's count), which exits when loading ends: see
+    :mod:`cosyserve.parallelism` for why the caller's thread must not keep a pool.
     """
+    count = torch.get_num_threads() if threads is None else threads
+    return call_on_own_thread(
+        lambda: _load_model(path, dtype, quantize, device, compile), threads=count, name="cosyserve-load"
+    )
+
+
+def _load_model(
+    path: Path | str, dtype: Dtype | str, quantize: Quantization | str, device: str, compile: bool
+) -> LoadedModel:
     start = time.perf_counter()
     precision = Precision.resolve(dtype, quantize, device, compile)
     model_dir = ModelDir.open(path)

@@ -33,12 +33,11 @@ def pcm_samples(data: bytes) -> np.ndarray:
 
 
 def assert_same_pcm(a: bytes, b: bytes) -> None:
-    """The same audio: equal lengths and every sample within 3 LSB (1e-4 of full scale).
-
-    Not byte equality: a request that overlaps another one in the engine shares its batched
-    flow and vocoder calls, whose float rounding can move a sample by one LSB (the engine
-    promises 1e-4, tests/engine/test_concurrency.py). A wrong seed, voice or token moves
-    thousands of samples by far more."""
+    """The same audio to float rounding: equal lengths, every sample within 3 LSB (1e-4
+    of full scale, what the engine promises a request that overlaps others: the chunks
+    of requests in the engine at once share batched flow and vocoder calls, whose
+    rounding can move a sample by one LSB). A wrong seed, voice or token moves thousands
+    of samples by far more."""
     x, y = pcm_samples(a).astype(np.int32), pcm_samples(b).astype(np.int32)
     assert x.size == y.size, f"{x.size} vs {y.size} samples"
     worst = int(np.abs(x - y).max(initial=0))

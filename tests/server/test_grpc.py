@@ -38,7 +38,6 @@ from cosyserve.server.grpc.protos import (
 )
 from cosyserve.server.service import ServiceLimits, SpeechParams, SpeechService
 from cosyserve.voices import VoiceStore
-from tests.server.http_audio import assert_same_pcm
 
 T = TypeVar("T")
 TOKENS = 8  # forced speech tokens per request: random weights never stop on their own
@@ -210,13 +209,13 @@ def test_upstream_modes_stream_int16_pcm_at_24k(env: GrpcEnv, mode: str) -> None
     samples = np.frombuffer(audio, dtype="<i2")
     assert np.abs(samples.astype(np.int32)).max() > 0
     # The server's fixed upstream options (seed included) make the audio reproducible.
-    assert_same_pcm(upstream_audio(env, upstream_request(mode))[0], audio)
+    assert upstream_audio(env, upstream_request(mode))[0] == audio
 
 
 def test_upstream_audio_is_the_services_audio_quantised(env: GrpcEnv) -> None:
     audio, _ = upstream_audio(env, upstream_request("sft"))
     options = SynthesisOptions(seed=SEED, min_tokens=TOKENS, max_tokens=TOKENS)
-    assert_same_pcm(audio, direct_pcm(env, SpeechParams(text="hello world", voice=BUILTIN, options=options)))
+    assert audio == direct_pcm(env, SpeechParams(text="hello world", voice=BUILTIN, options=options))
 
 
 def test_upstream_streams_chunks_as_they_are_made(env: GrpcEnv) -> None:
@@ -315,7 +314,7 @@ def test_v1_formats_and_rates(env: GrpcEnv, fmt: str, rate: int | None, encoded_
         samples = np.frombuffer(data, dtype="<i2")
         assert samples.size == TOKENS * SAMPLES_PER_TOKEN
         upstream, _ = upstream_audio(env, upstream_request("sft"))
-        assert_same_pcm(data, upstream)  # same voice, seed and tokens as the server's upstream options
+        assert data == upstream  # same voice, seed and tokens as the server's upstream options
         return
     if fmt in ("wav", "flac"):  # lossless: every sample, resampled
         decoded, decoded_rate = decode(data)
@@ -340,8 +339,8 @@ def test_v1_modes_from_inline_prompt(env: GrpcEnv) -> None:
     cross, _ = synthesize(env, prompt_audio=prompt_wav(), mode=V1.MODE_CROSS_LINGUAL)
     instruct, _ = synthesize(env, prompt_audio=prompt_wav(), instruct="用开心的语气说")
     # The upstream proto's zero-shot and cross-lingual requests carry the same prompt samples.
-    assert_same_pcm(zero_shot, upstream_audio(env, upstream_request("zero_shot"))[0])
-    assert_same_pcm(cross, upstream_audio(env, upstream_request("cross_lingual"))[0])
+    assert zero_shot == upstream_audio(env, upstream_request("zero_shot"))[0]
+    assert cross == upstream_audio(env, upstream_request("cross_lingual"))[0]
     assert len(instruct) == TOKENS * SAMPLES_PER_TOKEN * 2 and instruct not in (zero_shot, cross)
 
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.async_engine import AsyncEngine
@@ -26,6 +25,7 @@ from cosyserve.engine.request import GenerationSpec
 from cosyserve.errors import InvalidRequestError
 from cosyserve.loader import LoadedModel, engine_config_for
 from cosyserve.models.precision import Precision
+from cosyserve.parallelism import hand_over_threads
 from cosyserve.pipeline.voice import VoicePrompt
 
 WARM_UP_TOKENS = 30
@@ -123,18 +123,20 @@ def run_engine_bench(
     on_request_done: Callable[[int], None] | None = None,
 ) -> BenchReport:
     """Run every level of ``options`` on ``model``; ``on_request_done(concurrency)`` is
-    called after each measured request (for a progress bar)."""
+    called after each measured request (for a progress bar). The calling thread hands its
+    torch threads to the engine's thread and keeps one, as a server's event loop does."""
+    threads = hand_over_threads()
     hp = model.hparams
     voice = synthetic_voice(hp, options.prompt_seconds, seed=options.seed, name="bench")
     top = max(options.concurrency)
     config = engine_config_for(model, max_active=top, max_waiting=top)
     if options.flow_cache is not None:
         config = dataclasses.replace(config, flow_cache=options.flow_cache)
-    engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config))
+    engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config), threads=threads)
     report = BenchReport(
         model_dir=str(model.model_dir.root),
         options=options,
-        torch_threads=torch.get_num_threads(),
+        torch_threads=threads,
         cpu_count=os.cpu_count() or 1,
         flow_cache=config.flow_cache,
         precision=model.precision,

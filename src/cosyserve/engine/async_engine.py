@@ -3,7 +3,8 @@ submit requests and receive their audio chunks through per-request queues.
 
 Model work never runs on the event loop. The engine thread sleeps on a condition
 variable while there is nothing to do (no polling), and hands each output to its
-request's event loop with ``call_soon_threadsafe``.
+request's event loop with ``call_soon_threadsafe``. The engine thread is the process's
+one long-lived thread that runs torch multi-threaded (see :mod:`cosyserve.parallelism`).
 """
 
 import asyncio
@@ -14,11 +15,13 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.request import GenerationSpec, StepOutput
 from cosyserve.engine.scheduler import OverloadedError
 from cosyserve.errors import CosyserveError, InvalidRequestError
+from cosyserve.parallelism import pin_torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +54,16 @@ class _Stream:
 
 
 class AsyncEngine:
-    """Thread-owning wrapper of :class:`Engine`; start with :meth:`start`, stop with :meth:`shutdown`."""
+    """Thread-owning wrapper of :class:`Engine`; start with :meth:`start`, stop with :meth:`shutdown`.
 
-    def __init__(self, engine: Engine) -> None:
+    ``threads``: the engine thread's torch threads (None: the constructing thread's
+    count; :func:`~cosyserve.parallelism.hand_over_threads` gives a caller's count away)."""
+
+    def __init__(self, engine: Engine, threads: int | None = None) -> None:
         self.engine = engine
+        self.threads = torch.get_num_threads() if threads is None else threads
+        if self.threads < 1:
+            raise ValueError(f"the engine thread needs at least one torch thread, not {self.threads}")
         self._cond = threading.Condition()
         self._pending_add: list[GenerationSpec] = []
         self._pending_abort: list[str] = []
@@ -127,6 +136,7 @@ class AsyncEngine:
 
     def _run(self) -> None:
         try:
+            pin_torch_threads(self.threads)
             while True:
                 with self._cond:
                     while not (

@@ -22,6 +22,7 @@ from cosyserve.engine.async_engine import AsyncEngine
 from cosyserve.engine.engine import Engine
 from cosyserve.errors import CosyserveError
 from cosyserve.loader import engine_config_for, load_model
+from cosyserve.parallelism import hand_over_threads
 from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
 from cosyserve.pipeline.voice import VoicePrompt
 from cosyserve.server.error_map import NotReadyError
@@ -90,6 +91,8 @@ class ServerRuntime:
     async def start(self) -> None:
         """Load, build and warm up; then the phase is ``ready`` (or ``failed``)."""
         settings = self.settings
+        # The event loop never runs model work: the engine's thread gets its torch threads.
+        threads = hand_over_threads()
         try:
             model = await asyncio.to_thread(
                 load_model,
@@ -98,6 +101,7 @@ class ServerRuntime:
                 quantize=settings.quantize,
                 device=settings.device,
                 compile=settings.compile,
+                threads=threads,
             )
             config = engine_config_for(
                 model,
@@ -107,7 +111,7 @@ class ServerRuntime:
                 flow_prompt_cache_mb=settings.flow_prompt_cache_mb,
             )
             engine = Engine(model.lm, model.flow, model.hift, config)
-            self._engine = AsyncEngine(engine)
+            self._engine = AsyncEngine(engine, threads=threads)
             self._engine.start()
             self._voices = await asyncio.to_thread(VoiceStore, settings.voices_db)
             limits = ServiceLimits(
@@ -150,7 +154,7 @@ class ServerRuntime:
             stream=True,
             options=SynthesisOptions(seed=0, min_tokens=WARMUP_TOKENS, max_tokens=WARMUP_TOKENS),
         )
-        spec = await asyncio.to_thread(service.frontend.build_spec, request, "warmup")
+        spec = await service.build_spec(request, "warmup")
         assert self._engine is not None
         samples = 0
         async for chunk in self._engine.generate(spec):

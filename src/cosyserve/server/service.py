@@ -21,10 +21,12 @@ from functools import partial
 from typing import Protocol, TypeVar
 
 from cosyserve.engine.async_engine import AsyncEngine, AudioChunk
+from cosyserve.engine.request import GenerationSpec
 from cosyserve.engine.scheduler import OverloadedError
 from cosyserve.errors import CosyserveError, InvalidRequestError
 from cosyserve.loader import LoadedModel
 from cosyserve.logging_setup import current_request_id
+from cosyserve.parallelism import pin_torch_threads
 from cosyserve.pipeline.frontend import Frontend, UnknownSpeakerError
 from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
 from cosyserve.pipeline.voice import VoicePrompt
@@ -118,7 +120,13 @@ class SpeechService:
         self.frontend = Frontend(model)
         # Set by the app when the audio cache is configured (see server/preflight.py).
         self.audio_cache: AudioCache | None = None
-        self._executor = ThreadPoolExecutor(frontend_threads, thread_name_prefix="cosyserve-frontend")
+        # One torch thread each: only the engine's thread keeps an OpenMP pool (cosyserve.parallelism).
+        self._executor = ThreadPoolExecutor(
+            frontend_threads,
+            thread_name_prefix="cosyserve-frontend",
+            initializer=pin_torch_threads,
+            initargs=(1,),
+        )
         self._in_flight = 0
 
     @property
@@ -183,7 +191,7 @@ class SpeechService:
             loop = asyncio.get_running_loop()
             deadline = None if self.limits.deadline_s is None else loop.time() + self.limits.deadline_s
             request = await self._run(self._request, params)
-            spec = await self._run(self.frontend.build_spec, request, uuid.uuid4().hex)
+            spec = await self.build_spec(request, uuid.uuid4().hex)
             spec = replace(spec, log_id=current_request_id())  # engine log lines carry the request id
             chunks = self.engine.generate(spec)
             try:
@@ -286,6 +294,10 @@ class SpeechService:
         check_voice_name(name)
         if not self.voices.delete(name):
             raise UnknownSpeakerError(f"unknown voice {name!r}")
+
+    async def build_spec(self, request: SynthesisRequest, request_id: str) -> GenerationSpec:
+        """The engine's input for ``request``, made on a frontend thread."""
+        return await self._run(self.frontend.build_spec, request, request_id)
 
     async def _run(self, fn: Callable[..., _T], *args: object) -> _T:
         context = contextvars.copy_context()  # the work's log lines keep the request id
