@@ -72,8 +72,9 @@ class SelfAttention(nn.Module):
         self.v = nn.Linear(dim, inner, bias=False)
         self.out = nn.Linear(inner, dim)
 
-    def forward(self, x: Tensor, bias: Tensor, states: LayerStates | None = None) -> Tensor:
-        """``x``: ``(B, T, C)``; ``bias``: ``(B, 1, T, K)`` additive. Returns ``(B, T, C)``.
+    def forward(self, x: Tensor, bias: Tensor | None, states: LayerStates | None = None) -> Tensor:
+        """``x``: ``(B, T, C)``; ``bias``: ``(B, 1, T, K)`` additive, or None to attend to
+        every key. Returns ``(B, T, C)``.
 
         The keys are the queries (``K = T``), or with ``states`` (incremental streaming)
         the ``states.length`` cached positions followed by ``x``'s."""
@@ -100,7 +101,7 @@ class TransformerBlock(nn.Module):
         self.ff_in = nn.Linear(dim, 4 * dim)
         self.ff_out = nn.Linear(4 * dim, dim)
 
-    def forward(self, x: Tensor, bias: Tensor, states: LayerStates | None = None) -> Tensor:
+    def forward(self, x: Tensor, bias: Tensor | None, states: LayerStates | None = None) -> Tensor:
         """``x``: ``(B, T, C)``; ``bias``, ``states``: as for :class:`SelfAttention`.
         Returns ``(B, T, C)``."""
         attended: Tensor = x + self.attn(self.attn_norm(x), bias, states)
