@@ -52,6 +52,7 @@ def test_metrics_endpoint_after_a_request(server: ServerProcess) -> None:
     assert after[("cosyserve_flow_calls_total", ())] >= 1
     assert after[("cosyserve_flow_chunks_total", ())] >= after[("cosyserve_flow_calls_total", ())]
     assert after[("cosyserve_hift_chunks_total", ())] >= after[("cosyserve_hift_calls_total", ())] >= 1
+    assert after[("cosyserve_flow_cache_refusals_total", ())] == 0  # no budget set
     assert after[("process_resident_memory_bytes", ())] > 0
     for name in ("cosyserve_queue_depth", "cosyserve_active_streams", "cosyserve_lm_batch_size"):
         assert (name, ()) in after

@@ -24,6 +24,7 @@ def test_bf16_setting_loads_a_bf16_model_with_a_bf16_kv_cache(
         dtype="bf16",
         flow_cache="cached",
         flow_prompt_cache_mb=7,
+        flow_stream_cache_mb=9,
     )
     runtime = ServerRuntime(settings)
 
@@ -36,7 +37,11 @@ def test_bf16_setting_loads_a_bf16_model_with_a_bf16_kv_cache(
             cache = service.engine.engine.lm_runner.cache
             assert cache.k.dtype == cache.v.dtype == torch.bfloat16
             config = service.engine.engine.config
-            assert (config.flow_cache, config.flow_prompt_cache_mb) == ("cached", 7)
+            assert (config.flow_cache, config.flow_prompt_cache_mb, config.flow_stream_cache_mb) == (
+                "cached",
+                7,
+                9,
+            )
         finally:
             await runtime.stop()
 

@@ -56,6 +56,7 @@ def test_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         ({"log_level": "loud"}, "invalid setting log_level"),
         ({"flow_cache": "sometimes"}, "invalid setting flow_cache"),
         ({"flow_prompt_cache_mb": -1}, "invalid setting flow_prompt_cache_mb"),
+        ({"flow_stream_cache_mb": -1}, "invalid setting flow_stream_cache_mb"),
     ],
 )
 def test_invalid_values(overrides: dict[str, object], message: str) -> None:

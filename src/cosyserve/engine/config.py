@@ -29,6 +29,10 @@ class EngineConfig:
     stream's first chunk skips the prompt (``"cached"``/``"incremental"`` only; 0 disables
     it). A 3 s prompt primes 100 mel frames, about 440 MiB in fp32 on the full model (220 MiB
     in bf16/fp16): the default holds 8 such voices in fp32.
+    ``flow_stream_cache_mb``: MiB the streams' incremental flow caches may hold together
+    (0: no bound). Each streamed segment reserves the most its cache can reach (about
+    3.3 MiB per mel frame of prompt + tokens on the full model in bf16, growth slack
+    included); a segment that does not fit recomputes every chunk as ``"exact"`` does.
     """
 
     max_active: int = 16
@@ -39,6 +43,7 @@ class EngineConfig:
     flow_cache: FlowCacheMode = "incremental"
     prefix_cache_positions: int = 2048
     flow_prompt_cache_mb: int = 4096
+    flow_stream_cache_mb: int = 0
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
 
@@ -52,5 +57,6 @@ class EngineConfig:
             raise ValueError(f"flow_cache must be one of {FLOW_CACHE_MODES}")
         if self.prefix_cache_positions < 0:
             raise ValueError("prefix_cache_positions must not be negative")
-        if self.flow_prompt_cache_mb < 0:
-            raise ValueError("flow_prompt_cache_mb must not be negative")
+        for name in ("flow_prompt_cache_mb", "flow_stream_cache_mb"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")

@@ -69,7 +69,15 @@ class Engine:
         prompt_cache = None
         if config.flow_prompt_cache_mb > 0 and config.flow_cache != "exact":
             prompt_cache = FlowPromptCache(flow, config.flow_prompt_cache_mb << 20)
-        self.token2wav = Token2Wav(flow, hift, self.stats, config.flow_cache, prompt_cache)
+        self.token2wav = Token2Wav(
+            flow,
+            hift,
+            self.stats,
+            config.flow_cache,
+            prompt_cache,
+            cache_budget=config.flow_stream_cache_mb << 20,
+            reserved_bytes=self._flow_reserved,
+        )
         self.scheduler = Scheduler(config)
         self._requests: dict[str, Request] = {}
         self._lookahead = flow.cfg.pre_lookahead_len
@@ -138,6 +146,10 @@ class Engine:
         else:
             limits = LengthLimits.for_text(len(segment.text_ids), self.lm_cfg)
         return SegmentState(segment, schedule, limits, lm_done=limits.max_tokens == 0)
+
+    def _flow_reserved(self) -> int:
+        """Bytes reserved by the stream caches of the requests still running."""
+        return sum(seg.flow_reserved for request in self.scheduler.running for seg in request.segments)
 
     def _release(self, request: Request) -> None:
         self.scheduler.remove(request)

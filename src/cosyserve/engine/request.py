@@ -67,7 +67,9 @@ class SegmentState:
     """Progress of one segment: tokens so far, chunk cursor, flow and vocoder caches.
 
     ``flow_cache``: the incremental flow's keys, values and convolution contexts while the
-    segment streams (created by the first chunk, dropped after the last).
+    segment streams (created by the first chunk, dropped after the last); ``flow_reserved``
+    the bytes reserved for it under the engine's stream cache budget; ``flow_exact``: the
+    budget had no room, so every chunk is recomputed over prompt and tokens instead.
     """
 
     spec: Segment
@@ -77,6 +79,8 @@ class SegmentState:
     lm_done: bool = False
     hift: HiFTStreamState = field(default_factory=HiFTStreamState)
     flow_cache: FlowStreamCache | None = None
+    flow_reserved: int = 0
+    flow_exact: bool = False
     vocoded: bool = False
 
 

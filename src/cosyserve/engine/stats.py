@@ -24,6 +24,7 @@ class EngineStats:
     flow_rows: int = 0  # chunks they computed (flow_rows / flow_calls: the mean batch)
     hift_calls: int = 0
     hift_rows: int = 0
+    flow_cache_refusals: int = 0  # streamed segments the stream cache budget sent to recompute
     audio_samples: int = 0
     last_decode_batch: int = 0
     failures: dict[str, int] = field(default_factory=dict)  # failed requests by error code

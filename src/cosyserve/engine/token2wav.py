@@ -81,6 +81,8 @@ class Token2Wav:
         stats: EngineStats,
         flow_cache: FlowCacheMode = "exact",
         prompt_cache: FlowPromptCache | None = None,
+        cache_budget: int = 0,
+        reserved_bytes: Callable[[], int] | None = None,
     ) -> None:
         if flow_cache not in FLOW_CACHE_MODES:
             raise ValueError(f"flow_cache must be one of {FLOW_CACHE_MODES}, not {flow_cache!r}")
@@ -94,6 +96,10 @@ class Token2Wav:
         self.stats = stats
         self.flow_cache = flow_cache
         self.prompt_cache = prompt_cache
+        if cache_budget < 0 or (cache_budget and reserved_bytes is None):
+            raise ValueError("a stream cache budget needs to be positive and to know what is reserved")
+        self.cache_budget = cache_budget
+        self.reserved_bytes = reserved_bytes
 
     @torch.inference_mode()
     def run(self, work: Sequence[ChunkWork]) -> list[np.ndarray | Exception]:
@@ -112,7 +118,7 @@ class Token2Wav:
         results: list[Tensor | Exception] = [RuntimeError("not run")] * len(work)
         for i, item in enumerate(work):
             seg, chunk = item.seg, item.chunk
-            if self._incremental(seg, chunk, item.request.spec.stream):
+            if self._incremental(item):
                 if seg.flow_cache is None:
                     try:  # priming a voice's prompt states can fail; only this request fails then
                         seg.flow_cache = self._new_flow_cache(item.request)
@@ -131,6 +137,7 @@ class Token2Wav:
         for item, mel in zip(work, results, strict=True):
             if item.chunk.finalize and isinstance(mel, Tensor):
                 item.seg.flow_cache = None  # free the cached keys and values now, not with the request
+                item.seg.flow_reserved = 0
         return results
 
     def _new_flow_cache(self, request: Request) -> FlowStreamCache:
@@ -176,12 +183,36 @@ class Token2Wav:
         self.stats.flow_calls += 1
         self.stats.flow_rows += rows
 
-    def _incremental(self, seg: SegmentState, chunk: Chunk, stream: bool) -> bool:
-        if not stream or self.flow_cache == "exact":
+    def _incremental(self, item: ChunkWork) -> bool:
+        seg, chunk = item.seg, item.chunk
+        if not item.request.spec.stream or self.flow_cache == "exact" or seg.flow_exact:
             return False
         if not chunk.finalize:
-            return True
+            return seg.flow_cache is not None or self._reserve(item)
         return self.flow_cache == "incremental" and seg.flow_cache is not None
+
+    def _reserve(self, item: ChunkWork) -> bool:
+        """Whether a new stream cache for ``item``'s segment fits ``cache_budget`` beside the
+        others' reservations. If so, it is reserved for the longest the segment can get;
+        if not, the segment recomputes every chunk as in the exact mode (upstream's output,
+        more compute, no cache)."""
+        if not self.cache_budget:
+            return True
+        seg = item.seg
+        longest = seg.limits.max_tokens if seg.limits is not None else len(seg.tokens)
+        need = self.flow.stream_cache_bytes(int(item.request.spec.flow_prompt_tokens.numel()) + longest)
+        assert self.reserved_bytes is not None  # checked with the budget
+        if self.reserved_bytes() + need > self.cache_budget:
+            seg.flow_exact = True
+            self.stats.flow_cache_refusals += 1
+            logger.info(
+                "request %s: its flow stream cache (%d MiB) does not fit the budget; recomputing each chunk",
+                item.request.spec.log_id or item.request.id,
+                need >> 20,
+            )
+            return False
+        seg.flow_reserved = need
+        return True
 
     # -- HiFT ---------------------------------------------------------------------------------
 

@@ -142,6 +142,11 @@ class _EngineCollector(Collector):
             yield _counter("cosyserve_flow_chunks", "Chunks through the flow.", stats.flow_rows)
             yield _counter("cosyserve_hift_calls", "HiFT (mel-to-wave) batched calls.", stats.hift_calls)
             yield _counter("cosyserve_hift_chunks", "Chunks through HiFT.", stats.hift_rows)
+            yield _counter(
+                "cosyserve_flow_cache_refusals",
+                "Streamed segments recomputed per chunk: the flow stream cache budget was full.",
+                stats.flow_cache_refusals,
+            )
             errors = CounterMetricFamily(
                 "cosyserve_engine_errors", "Requests the engine failed, by error code.", labels=["kind"]
             )

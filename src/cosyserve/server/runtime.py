@@ -109,6 +109,7 @@ class ServerRuntime:
                 max_waiting=settings.max_queued,
                 flow_cache=settings.flow_cache,
                 flow_prompt_cache_mb=settings.flow_prompt_cache_mb,
+                flow_stream_cache_mb=settings.flow_stream_cache_mb,
             )
             engine = Engine(model.lm, model.flow, model.hift, config)
             self._engine = AsyncEngine(engine, threads=threads)

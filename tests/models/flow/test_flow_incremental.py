@@ -257,3 +257,17 @@ def test_engine_config_checks_the_flow_cache_mode() -> None:
     assert EngineConfig().flow_cache in ("exact", "cached", "incremental")
     with pytest.raises(ValueError, match="flow_cache"):
         EngineConfig(flow_cache="fast")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("prompt", "tokens", "first_hop"), [(25, 130, 5), (13, 70, None), (0, 58, 7)])
+def test_stream_cache_bytes_bounds_the_cache_a_stream_holds(
+    flow: Flow, prompt: int, tokens: int, first_hop: int | None
+) -> None:
+    voice = Voice(prompt, tokens, seed=prompt + 1)
+    cache = flow.new_stream_cache()
+    most = flow.stream_cache_bytes(prompt + tokens)
+    for chunk in voice.chunks(first_hop):
+        voice.incremental(flow, cache, chunk)
+        if not chunk.finalize:
+            # Never more than the bound of the whole stream; at least the cached positions.
+            assert flow.stream_cache_bytes(cache.tokens) * 2 // 3 <= cache.nbytes() <= most, chunk

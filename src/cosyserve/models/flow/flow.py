@@ -9,7 +9,9 @@ from torch import Tensor, nn
 
 from cosyserve.errors import InvalidRequestError, ModelDirError
 from cosyserve.modeldir.hparams import FlowConfig
+from cosyserve.models.flow.blocks import SelfAttention
 from cosyserve.models.flow.cfm import CFM
+from cosyserve.models.flow.conformer import RelPositionAttention
 from cosyserve.models.flow.encoder import UpsampleConformerEncoder
 from cosyserve.models.flow.estimator import Estimator
 from cosyserve.models.flow.stream_cache import FlowStreamCache
@@ -170,6 +172,19 @@ class Flow(nn.Module):
         usable = min(prompt_tokens - self.pre_lookahead_len, prompt_frames // self.token_mel_ratio)
         return max(0, usable) // self.stream_block * self.stream_block
 
+    def stream_cache_bytes(self, tokens: int) -> int:
+        """The most memory a :meth:`stream` cache holding ``tokens`` tokens' states (prompt
+        included) takes: the keys and values of every attention layer (the encoder's at
+        token and at frame rate, and each Euler step's for both CFG branches), with the
+        growth slack of ``LayerStates`` (buffers grow x1.5, so they never hold more than
+        half as much again). The convolution contexts, a few frames each, are left out."""
+        frames = tokens * self.token_mel_ratio
+        per_token = _key_value_width(self.encoder.layers)
+        per_frame = _key_value_width(self.encoder.up_layers)
+        per_frame += 2 * self.cfg.cfm.n_timesteps * _key_value_width(self.cfm.estimator)
+        size = self.speaker_proj.weight.element_size() * (per_token * tokens + per_frame * frames)
+        return 3 * size // 2
+
     @torch.inference_mode()
     def prime_stream(self, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor) -> FlowStreamCache:
         """A stream cache holding the voice's :meth:`voice_prefix` (possibly nothing), for
@@ -261,3 +276,12 @@ class Flow(nn.Module):
             raise InvalidRequestError(
                 f"speech token {largest} is outside the vocabulary of {self.cfg.vocab_size}"
             )
+
+
+def _key_value_width(module: nn.Module) -> int:
+    """Keys and values cached per position by the attention layers under ``module``."""
+    return sum(
+        2 * layer.heads * layer.head_dim
+        for layer in module.modules()
+        if isinstance(layer, RelPositionAttention | SelfAttention)
+    )
