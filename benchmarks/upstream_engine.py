@@ -166,6 +166,7 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     config = engine_config_for(model, max_active=max(8, args.streams), max_waiting=args.streams)
     if args.flow_cache is not None:
         config = dataclasses.replace(config, flow_cache=args.flow_cache)
+    config = dataclasses.replace(config, flow_stream_cache_mb=args.flow_stream_cache_mb)
     engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config), threads=threads)
     engine.start()
     counter = iter(range(1_000_000))
@@ -213,7 +214,9 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         "kv_cache_dtype": str(config.dtype).removeprefix("torch."),
     }
     # This process's main thread runs torch on one thread; the engine's runs on ``threads``.
-    return report | {"flow_cache": config.flow_cache, "torch_threads": threads} | precision
+    report |= {"flow_cache": config.flow_cache, "flow_stream_cache_mb": config.flow_stream_cache_mb}
+    report |= {"flow_cache_refusals": engine.engine.stats.flow_cache_refusals, "torch_threads": threads}
+    return report | precision
 
 
 # -- the two processes and the report --------------------------------------------------------
@@ -292,6 +295,7 @@ def _run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
         command += ["--first-hop", str(args.first_hop)]
     if args.flow_cache is not None:
         command += ["--flow-cache", args.flow_cache]
+    command += ["--flow-stream-cache-mb", str(args.flow_stream_cache_mb)]
     command += ["--dtype", args.dtype, "--quantize", args.quantize]
     if not args.warm_up:
         command.append("--no-warm-up")
@@ -350,6 +354,12 @@ def main() -> None:
         choices=("exact", "cached", "incremental"),
         default=None,
         help="ours only: EngineConfig.flow_cache (default: the engine's)",
+    )
+    parser.add_argument(
+        "--flow-stream-cache-mb",
+        type=int,
+        default=0,
+        help="ours only: EngineConfig.flow_stream_cache_mb (default 0: no bound)",
     )
     parser.add_argument(
         "--dtype",
