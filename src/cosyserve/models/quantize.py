@@ -30,6 +30,7 @@ from torch import nn
 
 from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.models.precision import Precision, PrecisionError, Quantization, require_torchao
+from cosyserve.models.qwen2 import DecoderLayer
 
 logger = logging.getLogger(__name__)
 
@@ -71,11 +72,17 @@ def ao_quantize_dynamic() -> QuantizeDynamic | None:
     return function
 
 
-def int8_dynamic_(module: nn.Module, quantize_dynamic: QuantizeDynamic) -> None:
-    """Swap every ``nn.Linear`` under ``module`` for torch's dynamic int8 Linear: weights
-    int8 per output channel (symmetric), activations quantized per call.
+def int8_dynamic_(layers: nn.ModuleList, quantize_dynamic: QuantizeDynamic) -> None:
+    """Swap every ``nn.Linear`` of the decoder ``layers`` for torch's dynamic int8 Linear:
+    weights int8 per output channel (symmetric), activations quantized per call.
 
-    In place, one Linear at a time, so the float weights (memory-mapped from the
+    Each layer's q/k/v and gate/up projections are stacked into one Linear first
+    (``fuse_projections_``): a decode step then makes 4 int8 calls per layer instead of 7,
+    and each dynamic call costs ~45 us beyond its GEMM (measured at batch 1: q/k/v 107 ->
+    50 us, gate/up 188 -> 100 us). With weights per output channel and the same input,
+    the stacked call's outputs are the separate calls' exactly.
+
+    In place, one layer at a time, so the float weights (memory-mapped from the
     checkpoint) are never copied whole.
     """
     qconfig_module = importlib.import_module("torch.ao.quantization")
@@ -83,7 +90,11 @@ def int8_dynamic_(module: nn.Module, quantize_dynamic: QuantizeDynamic) -> None:
         # The deprecation of torch.ao (and of quantized tensors) is known; see the module doc.
         warnings.filterwarnings("ignore", message=r".*deprecated.*")
         qconfig = qconfig_module.per_channel_dynamic_qconfig
-        quantize_dynamic(module, {nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
+        for layer in layers:
+            if isinstance(layer, DecoderLayer):
+                layer.self_attn.fuse_projections_()
+                layer.mlp.fuse_projections_()
+            quantize_dynamic(layer, {nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
 
 
 class Int8WeightOnlyLinear(nn.Module):

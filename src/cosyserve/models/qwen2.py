@@ -69,6 +69,22 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=True)
         self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=True)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.qkv_proj: nn.Linear | None = None  # set by fuse_projections_
+        self._widths = [self.num_heads * self.head_dim] + 2 * [self.num_kv_heads * self.head_dim]
+
+    def fuse_projections_(self) -> None:
+        """Replace ``q_proj``, ``k_proj`` and ``v_proj`` by ``qkv_proj``, their rows stacked:
+        one GEMM per call instead of three (int8 dynamic quantization does this first, so
+        each call also quantizes its input once; see :mod:`cosyserve.models.quantize`)."""
+        self.qkv_proj = stacked_linear(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(q, k, v) of ``x`` (B, T, H)."""
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        stacked: torch.Tensor = self.qkv_proj(x)
+        return torch.split(stacked, self._widths, dim=-1)
 
     def forward(
         self,
@@ -82,9 +98,10 @@ class Attention(nn.Module):
         values go into the cache and the queries see the slot's whole history (S
         positions); without, they see only ``x`` (S = T)."""
         b, t, _ = x.shape
-        q = apply_rotary(self.q_proj(x).view(b, t, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim), cos, sin)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        q, k, v = self._project(x)
+        q = apply_rotary(q.view(b, t, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rotary(k.view(b, t, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(b, t, self.num_kv_heads, self.head_dim)
         if step is None:
             keys, values = k.transpose(1, 2), v.transpose(1, 2)  # (B, H_kv, T, D)
         else:
@@ -102,9 +119,20 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj: nn.Linear | None = None  # set by fuse_projections_
+
+    def fuse_projections_(self) -> None:
+        """Replace ``gate_proj`` and ``up_proj`` by ``gate_up_proj``, their rows stacked (as
+        :meth:`Attention.fuse_projections_`)."""
+        self.gate_up_proj = stacked_linear(self.gate_proj, self.up_proj)
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
         return out
 
 
@@ -158,3 +186,17 @@ class Qwen2Model(nn.Module):
             x = layer(x, cos, sin, mask, step)
         out: torch.Tensor = self.norm(x)
         return out
+
+
+def stacked_linear(*linears: nn.Linear) -> nn.Linear:
+    """One Linear computing ``linears`` (same input width) at once: their weight rows (and
+    biases, if they have them) stacked, so its output is theirs concatenated."""
+    weight = torch.cat([linear.weight.detach() for linear in linears])
+    biases = [linear.bias for linear in linears]
+    stacked = nn.Linear(weight.shape[1], weight.shape[0], bias=biases[0] is not None, device="meta")
+    stacked.weight = nn.Parameter(weight, requires_grad=False)
+    if stacked.bias is not None:
+        stacked.bias = nn.Parameter(
+            torch.cat([b.detach() for b in biases if b is not None]), requires_grad=False
+        )
+    return stacked

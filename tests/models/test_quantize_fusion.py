@@ -1,0 +1,49 @@
+"""Stacked projections under int8 dynamic quantization: the same logits as torch's
+quantization of the separate Linears, from fewer calls."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from cosyserve.loader import load_model
+from cosyserve.models.quantize import ao_quantize_dynamic
+from cosyserve.models.qwen2 import stacked_linear
+
+
+def test_a_stacked_linear_computes_its_parts_concatenated() -> None:
+    gen = torch.Generator().manual_seed(0)
+    parts = [nn.Linear(8, n, bias=bias) for n, bias in ((6, True), (3, True))]
+    for part in parts:
+        for p in part.parameters():
+            p.data = torch.randn(p.shape, generator=gen)
+    x = torch.randn(2, 5, 8, generator=gen)
+    with torch.inference_mode():
+        torch.testing.assert_close(stacked_linear(*parts)(x), torch.cat([p(x) for p in parts], dim=-1))
+    unbiased = stacked_linear(nn.Linear(8, 4, bias=False), nn.Linear(8, 4, bias=False))
+    assert unbiased.bias is None and unbiased.weight.shape == (8, 8)
+
+
+@pytest.mark.filterwarnings("ignore:.*deprecated.*")
+@pytest.mark.skipif(ao_quantize_dynamic() is None, reason="this torch has no torch.ao dynamic quantization")
+def test_int8_stacks_projections_and_matches_separate_quantized_linears(tiny_model_dir: Path) -> None:
+    model = load_model(tiny_model_dir, quantize="int8")
+    layer = model.lm.qwen.layers[0]
+    assert layer.self_attn.qkv_proj is not None and layer.mlp.gate_up_proj is not None
+    assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "gate_proj")
+    # The reference: the float model's Linears quantized one by one, as torch does.
+    reference = load_model(tiny_model_dir).lm
+    separate = copy.deepcopy(reference.qwen.layers)
+    quantize_dynamic = ao_quantize_dynamic()
+    assert quantize_dynamic is not None
+    qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+    quantize_dynamic(separate, {nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
+    reference.qwen.layers = separate
+    gen = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, reference.cfg.speech_token_size, (12,), generator=gen)
+    with torch.inference_mode():
+        embeds = [lm.speech_embedding(tokens)[None] for lm in (model.lm, reference)]
+        got, want = (lm.teacher_forced(e)[1] for lm, e in zip((model.lm, reference), embeds, strict=True))
+    assert torch.equal(got, want)
