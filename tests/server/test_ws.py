@@ -134,7 +134,9 @@ def test_cancel_stops_the_audio(server: ServerProcess) -> None:
 
 def test_disconnect_aborts_synthesis(server: ServerProcess) -> None:
     with session(server) as ws:
-        send(ws, "text", text=LONG_TEXT + " " + LONG_TEXT)
+        # Six sentences: random weights may sample the end of a sentence early, and two
+        # short ones could both be done before their first chunk reaches this client.
+        send(ws, "text", text=" ".join([LONG_TEXT] * 6))
         until(ws, lambda e: e["type"] == "chunk")
         assert server.ready().json()["in_flight"] >= 1
     wait_idle(server)
