@@ -77,10 +77,10 @@ def int8_dynamic_(layers: nn.ModuleList, quantize_dynamic: QuantizeDynamic) -> N
     weights int8 per output channel (symmetric), activations quantized per call.
 
     Each layer's q/k/v and gate/up projections are stacked into one Linear first
-    (``fuse_projections_``): a decode step then makes 4 int8 calls per layer instead of 7,
-    and each dynamic call costs ~45 us beyond its GEMM (measured at batch 1: q/k/v 107 ->
-    50 us, gate/up 188 -> 100 us). With weights per output channel and the same input,
-    the stacked call's outputs are the separate calls' exactly.
+    (``fuse_projections_``): a decode step then makes 4 int8 calls per layer instead of 7
+    (alone at batch 1: q/k/v 107 -> 50 us, gate/up 188 -> 100 us; in whole decode steps
+    the gain is a few percent, docs/benchmarks.md). With weights per output channel and
+    the same input, the stacked call's outputs are the separate calls' exactly.
 
     In place, one layer at a time, so the float weights (memory-mapped from the
     checkpoint) are never copied whole.
