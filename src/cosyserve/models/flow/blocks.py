@@ -9,6 +9,7 @@ Behaviour follows upstream ``cosyvoice/flow/decoder.py`` (``CausalBlock1D``,
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cosyserve.models.flow.attention import attention
 from cosyserve.models.flow.stream_cache import LayerStates
 
 
@@ -85,7 +86,7 @@ class SelfAttention(nn.Module):
         v = self.v(x).view(shape).transpose(1, 2)
         if states is not None:
             k, v = states.attend(self, k, v)  # (B, H, K, hd)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        out = attention(q, k, v, bias)
         y: Tensor = self.out(out.transpose(1, 2).reshape(batch, size, self.heads * self.head_dim))
         return y
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cosyserve.models.flow.attention import attention
 from cosyserve.models.flow.stream_cache import LayerStates
 
 # Upstream's conformer LayerNorms use 1e-12 (ESPnet heritage), not torch's 1e-5.
@@ -93,9 +94,9 @@ class RelPositionAttention(nn.Module):
         q_position = (q + self.position_bias).transpose(1, 2)
         scale = 1.0 / math.sqrt(self.head_dim)
         position_scores = rel_shift(q_position @ p.transpose(-2, -1)) * scale  # (B, H, T, K)
-        # The position term enters as an additive bias, so SDPA computes the content term.
+        # The position term enters as an additive bias, so the kernel computes the content term.
         bias = position_scores.masked_fill(~mask.unsqueeze(1), float("-inf"))
-        out = F.scaled_dot_product_attention(q_content, k, v, attn_mask=bias, scale=scale)
+        out = attention(q_content, k, v, bias, scale)
         y: Tensor = self.out(out.transpose(1, 2).reshape(batch, size, dim))
         return y
 

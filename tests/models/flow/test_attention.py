@@ -1,0 +1,115 @@
+"""The flow's attention: torch's fused kernel in float32, GEMMs and a softmax in bfloat16 on
+CPU, with the same results within bfloat16's rounding."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from cosyserve.models.flow import Flow, attention, blocks, conformer
+from cosyserve.models.flow.attention import attention as flow_attention
+
+
+def _qkv(dtype: torch.dtype, queries: int, keys: int, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, queries, 16, generator=gen)
+    k = torch.randn(2, 4, keys, 16, generator=gen)
+    v = torch.randn(2, 4, keys, 16, generator=gen)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _exact(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float) -> Tensor:
+    """float64 attention of the given (already rounded) inputs."""
+    scores = q.double() @ k.double().transpose(-2, -1) * scale
+    if bias is not None:
+        scores = scores + bias.double()
+    return torch.softmax(scores, dim=-1) @ v.double()
+
+
+def _causal_bias(queries: int, keys: int, dtype: torch.dtype, hidden: float = -1e10) -> Tensor:
+    """(1, 1, T, K): query i sees keys up to i + K - T (a cached history, then causal)."""
+    allowed = torch.ones(queries, keys, dtype=torch.bool).tril(keys - queries)
+    return torch.zeros(queries, keys, dtype=dtype).masked_fill(~allowed, hidden)[None, None]
+
+
+def test_float32_is_torchs_fused_kernel() -> None:
+    q, k, v = _qkv(torch.float32, 30, 50)
+    bias = _causal_bias(30, 50, torch.float32)
+    for b, scale in ((None, None), (bias, 0.3)):
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=b, scale=scale)
+        assert torch.equal(flow_attention(q, k, v, b, scale), expected)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_bfloat16_matches_exact_attention_within_rounding(masked: bool) -> None:
+    q, k, v = _qkv(torch.bfloat16, 30, 50)
+    bias = _causal_bias(30, 50, torch.bfloat16) if masked else None
+    scale = 16**-0.5
+    out = flow_attention(q, k, v, bias)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    error = (out.double() - _exact(q, k, v, bias, scale)).abs()
+    # bfloat16 keeps 8 significant bits (relative rounding 2^-9 = 0.002); the outputs are
+    # weighted means of unit-variance values.
+    assert error.max().item() < 0.03
+    assert error.mean().item() < 0.004
+    fused = F.scaled_dot_product_attention(q, k, v, attn_mask=bias).double()
+    fused_error = (fused - _exact(q, k, v, bias, scale)).abs().mean().item()
+    assert error.mean().item() < 4 * fused_error
+
+
+def test_hidden_keys_get_no_weight() -> None:
+    q, k, v = _qkv(torch.bfloat16, 8, 8)
+    for hidden in (-1e10, float("-inf")):
+        bias = _causal_bias(8, 8, torch.bfloat16, hidden)
+        out = flow_attention(q, k, v, bias)
+        # The first query sees only the first key: its output is that key's value.
+        assert torch.equal(out[:, :, 0], v[:, :, 0])
+        assert bool(torch.isfinite(out).all())
+
+
+def test_long_inputs_run_in_query_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    q, k, v = _qkv(torch.bfloat16, 37, 45, seed=1)
+    bias = _causal_bias(37, 45, torch.bfloat16)
+    whole = flow_attention(q, k, v, bias, 0.2)
+    calls = []
+    original = attention._attend
+
+    def counting(*args: Tensor | None) -> Tensor:
+        calls.append(args[0].shape[-2])  # type: ignore[union-attr]
+        return original(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(attention, "_attend", counting)
+    monkeypatch.setattr(attention, "MAX_SCORES", 2 * 4 * 45 * 10)  # 10 query rows at a time
+    blocked = flow_attention(q, k, v, bias, 0.2)
+    assert calls == [10, 10, 10, 7]
+    torch.testing.assert_close(blocked, whole, rtol=0, atol=2**-6)
+
+
+def test_bfloat16_flow_error_is_no_worse_than_with_the_fused_kernel(
+    flow: Flow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tiny flow in bfloat16 against float32: the split kernel's mel error stays at the
+    fused kernel's (the rounding of every activation dominates)."""
+    gen = torch.Generator().manual_seed(3)
+    vocab = flow.cfg.vocab_size
+    token = torch.randint(0, vocab, (1, 30), generator=gen)
+    prompt = torch.randint(0, vocab, (1, 10), generator=gen)
+    prompt_feat = torch.randn(1, 20, 80, generator=gen) - 6.0
+    embedding = torch.randn(1, flow.cfg.spk_embed_dim, generator=gen)
+
+    def mel(model: Flow) -> Tensor:
+        return model.inference(token, prompt, prompt_feat, embedding, streaming=False, finalize=True).double()
+
+    reference = mel(flow)
+    low = Flow(flow.cfg)
+    low.load_state_dict(flow.state_dict())
+    low = low.to(torch.bfloat16).eval()
+    split = (mel(low) - reference).abs().mean().item()
+
+    def fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float | None = None) -> Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+
+    monkeypatch.setattr(blocks, "attention", fused)
+    monkeypatch.setattr(conformer, "attention", fused)
+    with_fused = (mel(low) - reference).abs().mean().item()
+    assert 0 < split < 1.25 * with_fused
