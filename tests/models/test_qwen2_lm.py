@@ -106,6 +106,35 @@ def test_batched_decode_of_sequences_of_different_lengths(lm: CosyVoice2LM) -> N
         assert (got[i] - expected).abs().max() <= TOL
 
 
+def test_a_step_carries_a_mask_only_when_some_key_is_hidden() -> None:
+    cache = _cache()
+    a, b = cache.allocate(), cache.allocate()
+    assert cache.begin([a], 1).mask is None  # one new token sees the whole history
+    assert cache.begin([a, b], 1).mask is None  # equal lengths: nothing to hide
+    prefill = cache.begin([a], 3)
+    assert prefill.mask is not None and prefill.mask.shape == (1, 1, 3, 3)  # causal
+    cache.commit(prefill)
+    ragged = cache.begin([a, b], 1)
+    assert ragged.span == 4 and ragged.mask is not None
+    assert ragged.mask[:, 0, 0].tolist() == [[True] * 4, [True] + [False] * 3]
+
+
+@torch.no_grad()
+def test_batched_decode_of_sequences_of_equal_length(lm: CosyVoice2LM) -> None:
+    cache = _cache()
+    slots = [cache.allocate() for _ in range(3)]
+    prompts = [_prompt(lm, 20 + i, 5, 3) for i in range(3)]
+    for slot, prompt in zip(slots, prompts, strict=True):
+        lm.prefill(prompt, slot, cache)
+    steps = torch.tensor([[1, 2, 3], [40, 50, 60]])
+    for row in steps:
+        got = lm.decode(row, slots, cache)
+    for i, prompt in enumerate(prompts):
+        full = torch.cat([prompt, lm.speech_embedding(steps[:, i])])
+        expected = lm.teacher_forced(full[None])[1][0, -1].float().log_softmax(-1)
+        assert (got[i] - expected).abs().max() <= TOL
+
+
 @torch.no_grad()
 def test_one_model_serves_independent_caches(lm: CosyVoice2LM) -> None:
     a, b = _prompt(lm, 20, 5, 1), _prompt(lm, 21, 8, 3)

@@ -33,9 +33,11 @@ class CacheStep:
 
     A decode step is B sequences with T = 1; a prefill (or prefill chunk) is one
     sequence with T positions continuing whatever that slot already holds.
-    ``positions``: (B, T) long, the absolute position of each new token.
-    ``mask``: (B, 1, T, S) bool, True where a new token may attend to cache position
-    ``s < S``; S is the longest length of the batch after the step.
+    ``positions``: (B, T) long, the absolute position of each new token. ``span``: S, the
+    longest length of the batch after the step. ``mask``: (B, 1, T, S) bool, True where a
+    new token may attend to cache position ``s < S``; None when every token may attend to
+    all S (one new token per sequence, all of the same length: every batch-1 decode step),
+    which spares the attention kernel a mask.
     """
 
     cache: "KVCache"
@@ -44,7 +46,8 @@ class CacheStep:
     num_new: int
     slot_index: torch.Tensor
     positions: torch.Tensor
-    mask: torch.Tensor
+    span: int
+    mask: torch.Tensor | None
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the new keys and values of ``layer``, return the whole visible history.
@@ -52,15 +55,19 @@ class CacheStep:
         ``k``, ``v``: (B, T, H_kv, D). Returns keys and values (B, H_kv, S, D).
         """
         cache_k, cache_v = self.cache.k[layer], self.cache.v[layer]  # (slots, max_len, H_kv, D)
+        if len(self.slots) == 1:
+            # Slices, not index tensors: a copy into the slot, and a view of its history.
+            slot, start = self.slots[0], self.starts[0]
+            cache_k[slot, start : start + self.num_new] = k[0]
+            cache_v[slot, start : start + self.num_new] = v[0]
+            rows = slice(slot, slot + 1)
+            return cache_k[rows, : self.span].transpose(1, 2), cache_v[rows, : self.span].transpose(1, 2)
         index = self.slot_index[:, None]  # (B, 1), broadcast against positions (B, T)
         cache_k[index, self.positions] = k.to(cache_k.dtype)
         cache_v[index, self.positions] = v.to(cache_v.dtype)
-        span = self.mask.shape[-1]
-        rows: slice | torch.Tensor = self.slot_index
-        if len(self.slots) == 1:
-            # A view, not a gather: prefill chunks of one sequence avoid copying the history.
-            rows = slice(self.slots[0], self.slots[0] + 1)
-        return cache_k[rows, :span].transpose(1, 2), cache_v[rows, :span].transpose(1, 2)
+        rows_k = cache_k[self.slot_index, : self.span]
+        rows_v = cache_v[self.slot_index, : self.span]
+        return rows_k.transpose(1, 2), rows_v.transpose(1, 2)
 
 
 class KVCache:
@@ -194,8 +201,11 @@ class KVCache:
         start_t = torch.tensor(starts, dtype=torch.long, device=device)
         positions = start_t[:, None] + torch.arange(num_new, device=device)  # (B, T)
         span = max(starts) + num_new
-        keys = torch.arange(span, device=device)
-        mask = keys[None, None, :] <= positions[:, :, None]  # (B, T, S): causal within each sequence
+        mask = None
+        if num_new > 1 or len(set(starts)) > 1:
+            keys = torch.arange(span, device=device)
+            visible = keys[None, None, :] <= positions[:, :, None]  # (B, T, S): causal per sequence
+            mask = visible[:, None]  # (B, 1, T, S): one mask for every head
         return CacheStep(
             cache=self,
             slots=tuple(slots),
@@ -203,7 +213,8 @@ class KVCache:
             num_new=num_new,
             slot_index=torch.tensor(list(slots), dtype=torch.long, device=device),
             positions=positions,
-            mask=mask[:, None],  # (B, 1, T, S): one mask for every head
+            span=span,
+            mask=mask,
         )
 
     def commit(self, step: CacheStep) -> None:

@@ -43,19 +43,25 @@ class RotaryEmbedding(nn.Module):
         self.theta = theta
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``positions``: (B, T) long. Returns cos and sin, (B, T, D) in ``dtype``."""
+        """``positions``: (B, T) long. Returns the tables :func:`apply_rotary` takes, each
+        (B, T, 1, D) in ``dtype``: cos, and sin with its first half negated."""
         exponents = torch.arange(0, self.head_dim, 2, device=positions.device).float() / self.head_dim
         inv_freq = 1.0 / (self.theta**exponents)  # (D/2,)
         freqs = positions[..., None].float() * inv_freq  # (B, T, D/2)
-        angles = torch.cat((freqs, freqs), dim=-1)  # (B, T, D)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        sin = freqs.sin()
+        cos = torch.cat((freqs, freqs), dim=-1).cos()
+        # rotate_half(x) * sin == cat(x2, x1) * cat(-sin, sin), bit for bit: the sign moves
+        # from x to the table, computed once per step instead of per layer.
+        signed_sin = torch.cat((-sin, sin), dim=-1)
+        return cos[:, :, None].to(dtype), signed_sin[:, :, None].to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` (B, T, heads, D) by the angles of ``cos``/``sin`` (B, T, D)."""
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` (B, T, heads, D) by the tables of :class:`RotaryEmbedding` (B, T, 1, D):
+    Hugging Face's ``x * cos + rotate_half(x) * sin``."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, :, None] + rotated * sin[:, :, None]
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + swapped * signed_sin
 
 
 class Attention(nn.Module):
@@ -70,7 +76,6 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=True)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
         self.qkv_proj: nn.Linear | None = None  # set by fuse_projections_
-        self._widths = [self.num_heads * self.head_dim] + 2 * [self.num_kv_heads * self.head_dim]
 
     def fuse_projections_(self) -> None:
         """Replace ``q_proj``, ``k_proj`` and ``v_proj`` by ``qkv_proj``, their rows stacked:
@@ -79,29 +84,37 @@ class Attention(nn.Module):
         self.qkv_proj = stacked_linear(self.q_proj, self.k_proj, self.v_proj)
         del self.q_proj, self.k_proj, self.v_proj
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(q, k, v) of ``x`` (B, T, H)."""
+    def _project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated q (B, T, heads, D), rotated k and v (B, T, kv_heads, D) of ``x`` (B, T, H)."""
+        b, t, _ = x.shape
         if self.qkv_proj is None:
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q = apply_rotary(self.q_proj(x).view(b, t, self.num_heads, self.head_dim), cos, sin)
+            k = apply_rotary(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim), cos, sin)
+            return q, k, self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
         stacked: torch.Tensor = self.qkv_proj(x)
-        return torch.split(stacked, self._widths, dim=-1)
+        # q and k heads are adjacent in the stacked output: one rotation covers both.
+        rotated_heads = self.num_heads + self.num_kv_heads
+        width = rotated_heads * self.head_dim
+        qk = apply_rotary(stacked[..., :width].view(b, t, rotated_heads, self.head_dim), cos, sin)
+        v = stacked[..., width:].view(b, t, self.num_kv_heads, self.head_dim)
+        return qk[:, :, : self.num_heads], qk[:, :, self.num_heads :], v
 
     def forward(
         self,
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         step: CacheStep | None,
     ) -> torch.Tensor:
-        """``x``: (B, T, H). ``mask``: (B or 1, 1, T, S) bool. With ``step`` the new keys and
-        values go into the cache and the queries see the slot's whole history (S
-        positions); without, they see only ``x`` (S = T)."""
+        """``x``: (B, T, H); ``cos``, ``sin``: from :class:`RotaryEmbedding`. ``mask``:
+        (B or 1, 1, T, S) bool, or None when every query sees every key. With ``step`` the
+        new keys and values go into the cache and the queries see the slot's whole history
+        (S positions); without, they see only ``x`` (S = T)."""
         b, t, _ = x.shape
-        q, k, v = self._project(x)
-        q = apply_rotary(q.view(b, t, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(b, t, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.view(b, t, self.num_kv_heads, self.head_dim)
+        q, k, v = self._project(x, cos, sin)
         if step is None:
             keys, values = k.transpose(1, 2), v.transpose(1, 2)  # (B, H_kv, T, D)
         else:
@@ -149,7 +162,7 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         step: CacheStep | None,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, step)
@@ -176,6 +189,7 @@ class Qwen2Model(nn.Module):
         Without, each row is a whole sequence starting at position 0 (causal attention).
         """
         t = x.shape[1]
+        mask: torch.Tensor | None
         if step is None:
             positions = torch.arange(t, device=x.device)[None]  # (1, T)
             mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()[None, None]  # (1, 1, T, T)
