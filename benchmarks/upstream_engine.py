@@ -202,7 +202,9 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         first_audio_s, stream_s, _ = asyncio.run(synthesize(texts[1], True, args.tokens))
         single_peak = _phase_peak()
         _progress(f"ours: {args.streams} concurrent streams")
+        before = engine.engine.stats.snapshot()
         wall, stream_samples = asyncio.run(streams())
+        after = engine.engine.stats.snapshot()
     finally:
         engine.shutdown()
     report = _side_report(
@@ -216,6 +218,19 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     # This process's main thread runs torch on one thread; the engine's runs on ``threads``.
     report |= {"flow_cache": config.flow_cache, "flow_stream_cache_mb": config.flow_stream_cache_mb}
     report |= {"flow_cache_refusals": engine.engine.stats.flow_cache_refusals, "torch_threads": threads}
+    # Where the concurrent streams' time went: engine seconds per stage and batch sizes.
+    stages = [
+        "prefill_s",
+        "decode_s",
+        "flow_s",
+        "hift_s",
+        "decode_steps",
+        "flow_calls",
+        "flow_rows",
+        "hift_calls",
+        "hift_rows",
+    ]
+    report["streams_engine"] = {key: getattr(after, key) - getattr(before, key) for key in stages}
     return report | precision
 
 
