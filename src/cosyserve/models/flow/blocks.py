@@ -84,7 +84,9 @@ class SelfAttention(nn.Module):
         q = self.q(x).view(shape).transpose(1, 2)  # (B, H, T, hd)
         k = self.k(x).view(shape).transpose(1, 2)
         v = self.v(x).view(shape).transpose(1, 2)
-        out = attention(q, k, v, bias) if states is None else states.attention(self, q, k, v, bias)
+        if states is not None:
+            k, v = states.attend(self, k, v)  # (B, H, K, hd)
+        out = attention(q, k, v, bias)
         y: Tensor = self.out(out.transpose(1, 2).reshape(batch, size, self.heads * self.head_dim))
         return y
 

@@ -35,15 +35,6 @@ class StackedStates(LayerStates):
         parts = [row.attend(layer, self._row(k, b), self._row(v, b)) for b, row in enumerate(self.rows)]
         return self._stack([p[0] for p in parts]), self._stack([p[1] for p in parts])
 
-    def attention(self, layer: nn.Module, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-        # Row by row over each row's own key and value buffers: stacking the rows' histories
-        # (as :meth:`attend` must) would copy every cached position of every layer per pass.
-        outs = []
-        for b, row in enumerate(self.rows):
-            row_bias = bias if bias is None or bias.shape[0] == 1 else self._row(bias, b)
-            outs.append(row.attention(layer, self._row(q, b), self._row(k, b), self._row(v, b), row_bias))
-        return self._stack(outs)
-
     def left_pad(self, conv: nn.Module, x: Tensor, width: int) -> Tensor:
         return self._stack([row.left_pad(conv, self._row(x, b), width) for b, row in enumerate(self.rows)])
 

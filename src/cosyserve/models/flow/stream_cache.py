@@ -14,8 +14,6 @@ the segment ends; nothing here is stored on the shared modules.
 import torch
 from torch import Tensor, nn
 
-from cosyserve.models.flow.attention import attention
-
 
 class LayerStates:
     """The cached states of one network pass over a stream (the encoder's token-rate
@@ -59,13 +57,6 @@ class LayerStates:
         keys[:, :, self.length : end] = k
         values[:, :, self.length : end] = v
         return keys[:, :, :end], values[:, :, :end]
-
-    def attention(self, layer: nn.Module, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-        """:func:`~cosyserve.models.flow.attention.attention` of the new positions' ``q``
-        ``(B, H, n, d)`` over all positions so far (:meth:`attend` of ``k``, ``v``);
-        ``bias`` broadcasts to ``(B, H, n, length + n)``. Returns ``(B, H, n, d)``."""
-        keys, values = self.attend(layer, k, v)
-        return attention(q, keys, values, bias)
 
     def left_pad(self, conv: nn.Module, x: Tensor, width: int) -> Tensor:
         """``x`` ``(B, C, n)`` (the new positions) with the ``width`` cached positions
