@@ -35,6 +35,18 @@ class ServerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def log_with(self, *needles: str, timeout_s: float = 20.0) -> str:
+        """The log once one line holds every one of ``needles``: a request's summary line is
+        written after its response has gone out, so a client can be ahead of it."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            log = self.log()
+            if any(all(n in line for n in needles) for line in log.splitlines()):
+                return log
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no log line with {needles} after {timeout_s} s:\n{log[-2000:]}")
+            time.sleep(0.05)
+
     def ready(self) -> httpx.Response:
         return httpx.get(f"{self.url}/ready", timeout=10)
 
