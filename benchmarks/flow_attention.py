@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from flow_streaming import load_flow  # benchmarks/, the script's own directory
 from torch import Tensor
 
-from cosyserve.loader import load_model
 from cosyserve.models.flow import Flow, attention, blocks, conformer
 from cosyserve.models.flow.blocks import SelfAttention
 
@@ -39,7 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"torch threads {torch.get_num_threads()}, torch {torch.__version__}")
     for factor in (float(f) for f in args.sharpen.split(",")):
-        flow = load_model(args.model_dir).flow
+        flow = load_flow(args.model_dir, "full", 0)  # the flow alone, from flow.pt
         with torch.no_grad():
             for module in flow.modules():
                 if isinstance(module, SelfAttention):
