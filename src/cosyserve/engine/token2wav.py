@@ -121,7 +121,7 @@ class Token2Wav:
             if self._incremental(item):
                 if seg.flow_cache is None:
                     try:  # priming a voice's prompt states can fail; only this request fails then
-                        seg.flow_cache = self._new_flow_cache(item.request)
+                        seg.flow_cache = self._new_flow_cache(item)
                     except torch.AcceleratorError:
                         raise
                     except Exception as exc:
@@ -140,13 +140,19 @@ class Token2Wav:
                 item.seg.flow_reserved = 0
         return results
 
-    def _new_flow_cache(self, request: Request) -> FlowStreamCache:
-        """The flow cache a streamed segment of ``request`` starts from: a fork of its
-        voice's primed prompt states when ``prompt_cache`` is set, else an empty one."""
+    def _new_flow_cache(self, item: ChunkWork) -> FlowStreamCache:
+        """The flow cache ``item``'s streamed segment starts from: a fork of its voice's
+        primed prompt states when ``prompt_cache`` is set, else an empty one. On CPU it is
+        reserved for the longest the segment can get: unwritten pages cost no memory there,
+        while a CUDA allocation is memory at once, and regrowing on a GPU is cheap."""
+        spec = item.request.spec
         if self.prompt_cache is None:
-            return self.flow.new_stream_cache()
-        spec = request.spec
-        return self.prompt_cache.stream_cache(spec.flow_prompt_tokens, spec.flow_prompt_mel, spec.embedding)
+            cache = self.flow.new_stream_cache()
+        else:
+            cache = self.prompt_cache.stream_cache(spec.flow_prompt_tokens, spec.flow_prompt_mel, spec.embedding)
+        if self._reserves_caches:
+            cache.reserve(self._stream_tokens(item), self.flow.token_mel_ratio)
+        return cache
 
     def _flow_full(self, work: Sequence[ChunkWork]) -> list[Tensor]:
         """Chunks recomputed over prompt + every token (non-streaming, exact streaming)."""
@@ -199,8 +205,9 @@ class Token2Wav:
         if not self.cache_budget:
             return True
         seg = item.seg
-        longest = seg.limits.max_tokens if seg.limits is not None else len(seg.tokens)
-        need = self.flow.stream_cache_bytes(int(item.request.spec.flow_prompt_tokens.numel()) + longest)
+        need = self.flow.stream_cache_bytes(self._stream_tokens(item))
+        if not self._reserves_caches:
+            need = 3 * need // 2  # the growth slack of unreserved buffers
         assert self.reserved_bytes is not None  # checked with the budget
         if self.reserved_bytes() + need > self.cache_budget:
             seg.flow_exact = True
@@ -213,6 +220,18 @@ class Token2Wav:
             return False
         seg.flow_reserved = need
         return True
+
+    @property
+    def _reserves_caches(self) -> bool:
+        return self.flow.speaker_proj.weight.device.type == "cpu"
+
+    @staticmethod
+    def _stream_tokens(item: ChunkWork) -> int:
+        """The most tokens ``item``'s segment's flow cache can hold: the voice prompt's and
+        the segment's longest output."""
+        seg = item.seg
+        longest = seg.limits.max_tokens if seg.limits is not None else len(seg.tokens)
+        return int(item.request.spec.flow_prompt_tokens.numel()) + longest
 
     # -- HiFT ---------------------------------------------------------------------------------
 

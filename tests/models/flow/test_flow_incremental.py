@@ -265,9 +265,33 @@ def test_stream_cache_bytes_bounds_the_cache_a_stream_holds(
 ) -> None:
     voice = Voice(prompt, tokens, seed=prompt + 1)
     cache = flow.new_stream_cache()
-    most = flow.stream_cache_bytes(prompt + tokens)
+    exact = flow.stream_cache_bytes(prompt + tokens)
     for chunk in voice.chunks(first_hop):
         voice.incremental(flow, cache, chunk)
         if not chunk.finalize:
-            # Never more than the bound of the whole stream; at least the cached positions.
-            assert flow.stream_cache_bytes(cache.tokens) * 2 // 3 <= cache.nbytes() <= most, chunk
+            # Grown x1.5 at a time: at most half again the whole stream's states, at least
+            # the cached positions'.
+            assert flow.stream_cache_bytes(cache.tokens) <= cache.nbytes() <= 3 * exact // 2, chunk
+
+
+@pytest.mark.parametrize(("prompt", "tokens", "first_hop"), [(25, 130, 5), (0, 58, 7)])
+def test_a_reserved_stream_cache_is_allocated_once(
+    flow: Flow, prompt: int, tokens: int, first_hop: int | None
+) -> None:
+    voice = Voice(prompt, tokens, seed=prompt + 1)
+    cache, alone = flow.new_stream_cache(), flow.new_stream_cache()
+    cache.reserve(prompt + tokens, flow.token_mel_ratio)
+    buffers: list[int] = []
+    for chunk in voice.chunks(first_hop):
+        mel = voice.incremental(flow, cache, chunk)
+        torch.testing.assert_close(mel, voice.incremental(flow, alone, chunk), rtol=0, atol=0)
+        if not chunk.finalize:
+            assert cache.nbytes() - _contexts(cache) == flow.stream_cache_bytes(prompt + tokens), chunk
+            pointers = [t.data_ptr() for t in cache.tensors() if t.dim() == 4]
+            assert pointers == (buffers or pointers), "a reserved buffer was reallocated"
+            buffers = pointers
+
+
+def _contexts(cache: FlowStreamCache) -> int:
+    """Bytes of the causal convolutions' cached contexts (3-D; keys and values are 4-D)."""
+    return sum(t.numel() * t.element_size() for t in cache.tensors() if t.dim() == 3)

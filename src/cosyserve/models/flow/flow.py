@@ -173,17 +173,17 @@ class Flow(nn.Module):
         return max(0, usable) // self.stream_block * self.stream_block
 
     def stream_cache_bytes(self, tokens: int) -> int:
-        """The most memory a :meth:`stream` cache holding ``tokens`` tokens' states (prompt
-        included) takes: the keys and values of every attention layer (the encoder's at
-        token and at frame rate, and each Euler step's for both CFG branches), with the
-        growth slack of ``LayerStates`` (buffers grow x1.5, so they never hold more than
-        half as much again). The convolution contexts, a few frames each, are left out."""
+        """The memory of the keys and values of ``tokens`` tokens (prompt included) in a
+        :meth:`stream` cache: every attention layer's, the encoder's at token and at frame
+        rate and each Euler step's for both CFG branches. A cache reserved for ``tokens``
+        (:meth:`FlowStreamCache.reserve`) holds this much; one left to grow holds up to
+        half as much again (its buffers grow x1.5). The convolution contexts, a few frames
+        each, are left out."""
         frames = tokens * self.token_mel_ratio
         per_token = _key_value_width(self.encoder.layers)
         per_frame = _key_value_width(self.encoder.up_layers)
         per_frame += 2 * self.cfg.cfm.n_timesteps * _key_value_width(self.cfm.estimator)
-        size = self.speaker_proj.weight.element_size() * (per_token * tokens + per_frame * frames)
-        return 3 * size // 2
+        return self.speaker_proj.weight.element_size() * (per_token * tokens + per_frame * frames)
 
     @torch.inference_mode()
     def prime_stream(self, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor) -> FlowStreamCache:

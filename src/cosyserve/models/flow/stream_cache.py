@@ -24,11 +24,15 @@ class LayerStates:
     see them (each layer runs once per pass). :meth:`finish` then moves ``length``.
     A pass that fails before :meth:`finish` leaves the cached positions as they were, so
     it can be run again.
+
+    ``capacity``: the positions each key and value buffer is allocated for at once (see
+    :meth:`FlowStreamCache.reserve`); beyond it, buffers grow x1.5.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = 0) -> None:
         self.length = 0
         self.keep = 0
+        self.capacity = capacity
         # Keyed by the module that owns the state, so each layer finds its own.
         self._keys: dict[nn.Module, Tensor] = {}  # (B, H, capacity, d)
         self._values: dict[nn.Module, Tensor] = {}
@@ -80,7 +84,7 @@ class LayerStates:
         """
         if self.keep:
             raise RuntimeError("cannot fork states in the middle of a pass")
-        fork = LayerStates()
+        fork = LayerStates(self.capacity)
         fork.length = self.length
         fork._keys = {layer: k[:, :, : self.length] for layer, k in self._keys.items()}
         fork._values = {layer: v[:, :, : self.length] for layer, v in self._values.items()}
@@ -94,14 +98,13 @@ class LayerStates:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
-    @staticmethod
-    def _grown(buffers: dict[nn.Module, Tensor], layer: nn.Module, new: Tensor, end: int) -> Tensor:
+    def _grown(self, buffers: dict[nn.Module, Tensor], layer: nn.Module, new: Tensor, end: int) -> Tensor:
         buffer = buffers.get(layer)
         if buffer is not None and buffer.shape[2] >= end:
             return buffer
-        # x1.5: at most a third of the buffer is slack; each position is copied about
-        # twice over the stream's life.
-        capacity = max(end, 3 * (0 if buffer is None else buffer.shape[2]) // 2)
+        # Beyond the reserved capacity x1.5: at most a third of the buffer is slack; each
+        # position is copied about twice over the stream's life.
+        capacity = max(end, self.capacity, 3 * (0 if buffer is None else buffer.shape[2]) // 2)
         grown = new.new_empty(new.shape[0], new.shape[1], capacity, new.shape[3])
         if buffer is not None:
             grown[:, :, : buffer.shape[2]] = buffer
@@ -124,6 +127,19 @@ class FlowStreamCache:
         self.encoder_tokens = LayerStates()
         self.encoder_frames = LayerStates()
         self.steps = [LayerStates() for _ in range(n_steps)]
+
+    def reserve(self, tokens: int, ratio: int) -> None:
+        """Allocate every buffer for ``tokens`` tokens (prompt included; ``ratio`` mel frames
+        each) when it is first written, instead of growing it from the first chunk's size.
+
+        Growing copies the whole history into new memory each time, and the pages of the
+        new buffer are faulted in again: on the 2-core VM of ``docs/benchmarks.md`` a
+        stream's growth passes spent 4-9 s in page faults (one pass of a 6 s stream with
+        a 3 s prompt: 221,000 faults). Reserved but unwritten positions cost address space,
+        not memory: their pages are never touched."""
+        self.encoder_tokens.capacity = tokens
+        for states in (self.encoder_frames, *self.steps):
+            states.capacity = ratio * tokens
 
     def begin(self, keep_tokens: int, ratio: int) -> None:
         """Start a pass whose first ``keep_tokens`` new tokens (``ratio`` frames each) are final."""
