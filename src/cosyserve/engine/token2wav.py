@@ -149,7 +149,9 @@ class Token2Wav:
         if self.prompt_cache is None:
             cache = self.flow.new_stream_cache()
         else:
-            cache = self.prompt_cache.stream_cache(spec.flow_prompt_tokens, spec.flow_prompt_mel, spec.embedding)
+            cache = self.prompt_cache.stream_cache(
+                spec.flow_prompt_tokens, spec.flow_prompt_mel, spec.embedding
+            )
         if self._reserves_caches:
             cache.reserve(self._stream_tokens(item), self.flow.token_mel_ratio)
         return cache
