@@ -21,6 +21,7 @@ from cosyserve.engine.engine import Engine
 from cosyserve.engine.request import GenerationSpec, StepOutput
 from cosyserve.engine.scheduler import OverloadedError
 from cosyserve.errors import CosyserveError, InvalidRequestError
+from cosyserve.memory import retain_freed_memory
 from cosyserve.parallelism import pin_torch_threads
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,8 @@ class AsyncEngine:
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("the engine thread is already started")
+        # Before the engine's thread makes its arena: the streams' caches reuse freed memory.
+        retain_freed_memory()
         self._thread = threading.Thread(target=self._run, name="cosyserve-engine", daemon=True)
         self._thread.start()
 

@@ -1,0 +1,47 @@
+"""Keep the memory that tensors free inside the process, for the next tensors to reuse.
+
+torch's CPU tensors come from the C library's ``malloc``. glibc hands memory back to the
+kernel eagerly: chunks above a (self-adjusting) size threshold are separate mappings,
+unmapped when freed, and the arenas of threads other than the main one (the engine runs
+on its own thread) trim their free space back to the kernel. The next tensor of that
+size then faults its pages in again, and on a virtual machine that hands freed memory back
+to its host a page fault can cost 10-40 µs: on the 2-core VM of ``docs/benchmarks.md``, a
+stream's first flow pass (two streams' keys and values, 475,000 pages) spent 6-10 s in
+page faults on the engine's thread when the previous streams' caches had been freed, and
+0.1-0.8 s once freed memory stayed in the process (``docs/benchmarks.md``, "Page faults").
+
+:func:`retain_freed_memory` sets glibc's thresholds so that chunks up to 32 MiB come from
+the arenas and freed arena memory stays in the process. The process's resident memory
+then stays at its high-water mark (as with a preallocated cache pool) instead of
+shrinking between bursts of requests; the peak is unchanged.
+"""
+
+import ctypes
+import ctypes.util
+import logging
+
+logger = logging.getLogger(__name__)
+
+# mallopt parameters (glibc malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+# The largest mmap threshold glibc accepts on 64-bit systems (HEAP_MAX_SIZE / 2).
+_MMAP_THRESHOLD = 32 << 20
+# Above a non-main arena's heap size (64 MiB): those heaps are never trimmed.
+_TRIM_THRESHOLD = 1 << 30
+
+
+def retain_freed_memory() -> bool:
+    """Set glibc's malloc to keep freed memory in the process (see the module's text).
+    Returns False where the C library is not glibc (nothing is changed then)."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    libc = ctypes.CDLL(name)
+    if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
+        return False
+    applied = libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
+    applied = libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) == 1 and applied
+    if not applied:
+        logger.warning("glibc refused the malloc thresholds; freed memory goes back to the kernel")
+    return applied
