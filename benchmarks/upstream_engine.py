@@ -9,9 +9,12 @@ Both sides get the same synthetic zero-shot prompt (``--prompt-seconds`` of rand
 tokens, mel and embedding, and a transcript), the same text ids and exactly ``--tokens``
 speech tokens per request (upstream forced as upstream-cpu-baseline.md describes: min_len =
 max_len = N with all three stop ids masked). Each side runs in its own subprocess, so its
-peak RSS is its own, and measures, after a short warm-up (one non-streaming and one
-streaming request of the same voice; on our side the latter primes the voice's flow
-prompt states, as the first stream of a registered voice does in a server):
+peak RSS is its own, and measures, after a warm-up (one short non-streaming request and
+one stream of ``--tokens`` tokens of the same voice; on our side the stream primes the
+voice's flow prompt states, as the first stream of a registered voice does in a server,
+and leaves memory of a stream's size that the process keeps and reuses, as a server that
+has served a stream does: on this VM a page faulted in for the first time costs 10-40 µs,
+and a process's first stream faults in about 1 GiB):
 
 1. non-streaming: wall time of one request;
 2. streaming: time to the first audio of one request (then the rest, to its end);
@@ -121,6 +124,7 @@ def run_upstream(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     if args.warm_up:
         force(WARM_UP_TOKENS)
         synthesize(texts[0], stream=False)
+        force(args.tokens)
         synthesize(texts[0], stream=True)
     force(args.tokens)
     peaks = _loaded()
@@ -194,7 +198,7 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     try:
         if args.warm_up:  # the streaming one also primes the voice's flow prompt states
             asyncio.run(synthesize(texts[0], False, WARM_UP_TOKENS))
-            asyncio.run(synthesize(texts[0], True, WARM_UP_TOKENS))
+            asyncio.run(synthesize(texts[0], True, args.tokens))
         peaks = _loaded()
         _progress("ours: non-streaming")
         _, non_stream_s, samples = asyncio.run(synthesize(texts[0], False, args.tokens))

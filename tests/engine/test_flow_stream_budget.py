@@ -85,9 +85,9 @@ def test_an_aborted_stream_gives_its_reservation_back(tiny_model: LoadedModel) -
     assert results[second.request_id].finished and results[second.request_id].error is None
 
 
-def test_a_stream_cache_is_allocated_for_its_reservation_at_once(tiny_model: LoadedModel) -> None:
-    # On CPU the cache's buffers are allocated for the segment's longest output at its
-    # first chunk (never regrown) and hold what the budget reserved for them.
+def test_a_stream_cache_is_allocated_for_its_reservation_after_its_first_chunk(tiny_model: LoadedModel) -> None:
+    # On CPU the cache's buffers are allocated for the segment's longest output after its
+    # first chunk (then never regrown) and hold what the budget reserved for them.
     (spec,) = _specs(tiny_model, 1)
     engine = _engine(tiny_model, "incremental", 1024)
     engine.add(spec)
@@ -101,7 +101,8 @@ def test_a_stream_cache_is_allocated_for_its_reservation_at_once(tiny_model: Loa
                 keys_values = [t for t in seg.flow_cache.tensors() if t.dim() == 4]
                 sizes.append(sum(t.numel() * t.element_size() for t in keys_values))
                 assert seg.flow_reserved == _need(tiny_model, spec)
-    assert len(sizes) > 2 and set(sizes) == {_need(tiny_model, spec)}
+    first, *later = dict.fromkeys(sizes)  # the sizes it had, in order
+    assert first < _need(tiny_model, spec) and later == [_need(tiny_model, spec)]
 
 
 def test_a_stream_larger_than_the_whole_budget_runs_as_exact(tiny_model: LoadedModel) -> None:

@@ -25,14 +25,18 @@ class LayerStates:
     A pass that fails before :meth:`finish` leaves the cached positions as they were, so
     it can be run again.
 
-    ``capacity``: the positions each key and value buffer is allocated for at once (see
-    :meth:`FlowStreamCache.reserve`); beyond it, buffers grow x1.5.
+    ``capacity``: the positions each key and value buffer is allocated for at once from
+    the second pass on (see :meth:`FlowStreamCache.reserve`); beyond it, buffers grow x1.5.
+    The first pass allocates only what it needs: small buffers are likelier to come from
+    memory the process freed (no page faults), and the first pass is the first chunk,
+    whose latency users wait for.
     """
 
     def __init__(self, capacity: int = 0) -> None:
         self.length = 0
         self.keep = 0
         self.capacity = capacity
+        self.passes = 0
         # Keyed by the module that owns the state, so each layer finds its own.
         self._keys: dict[nn.Module, Tensor] = {}  # (B, H, capacity, d)
         self._values: dict[nn.Module, Tensor] = {}
@@ -47,6 +51,7 @@ class LayerStates:
     def finish(self) -> None:
         self.length += self.keep
         self.keep = 0
+        self.passes += 1
         self._context.update(self._next_context)
         self._next_context.clear()
 
@@ -104,7 +109,8 @@ class LayerStates:
             return buffer
         # Beyond the reserved capacity x1.5: at most a third of the buffer is slack; each
         # position is copied about twice over the stream's life.
-        capacity = max(end, self.capacity, 3 * (0 if buffer is None else buffer.shape[2]) // 2)
+        reserved = self.capacity if self.passes else 0
+        capacity = max(end, reserved, 3 * (0 if buffer is None else buffer.shape[2]) // 2)
         grown = new.new_empty(new.shape[0], new.shape[1], capacity, new.shape[3])
         if buffer is not None:
             grown[:, :, : buffer.shape[2]] = buffer
@@ -129,8 +135,9 @@ class FlowStreamCache:
         self.steps = [LayerStates() for _ in range(n_steps)]
 
     def reserve(self, tokens: int, ratio: int) -> None:
-        """Allocate every buffer for ``tokens`` tokens (prompt included; ``ratio`` mel frames
-        each) when it is first written, instead of growing it from the first chunk's size.
+        """From the second pass on, hold every buffer at the size of ``tokens`` tokens
+        (prompt included; ``ratio`` mel frames each), allocated once, instead of growing
+        it x1.5 at a time from the first chunk's size.
 
         Growing copies the whole history into new memory each time, and the pages of the
         new buffer are faulted in again: on the 2-core VM of ``docs/benchmarks.md`` a
