@@ -8,7 +8,11 @@ Streams ``--chunks`` intermediate chunks of 25 tokens (plus the 3 lookahead toke
 a ``--prompt``-token voice prompt, then a final chunk of ``--final`` tokens, through both
 paths (``--skip-exact``: the incremental one only). Prints a row per chunk as it ends:
 wall and CPU seconds (CPU: all threads of the process, steadier than wall time on a
-shared machine), the 1-minute load average when the chunk started, and the cache size.
+shared machine), the kernel's seconds and the page faults (``sys_s``, ``faults``), the
+1-minute load average when the chunk started, and the cache size. ``--reserve`` reserves
+the cache for the whole stream as the engine does on CPU; ``--repeat N`` runs N
+incremental streams one after another (the later ones reuse the memory the first freed,
+which the process keeps, as the engine's does).
 Then max |mel difference| per chunk and a summary. The exact final chunk uses full
 attention as upstream (what ``flow_cache="cached"`` also runs); the incremental one is
 block-causal (``flow_cache="incremental"``). For scale: upstream's own gap between the
@@ -21,6 +25,7 @@ import argparse
 import itertools
 import json
 import os
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -28,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from cosyserve.memory import retain_freed_memory
 from cosyserve.modeldir.layout import ModelDir
 from cosyserve.modeldir.presets import PRESETS
 from cosyserve.models.flow.flow import Flow, flow_checkpoint_table
@@ -66,18 +72,22 @@ def run_mode(
     cache: FlowStreamCache | None = None,
 ) -> tuple[list[torch.Tensor], list[dict[str, float]]]:
     """Mel per chunk and a row of timings per chunk, printed as each chunk ends."""
-    print(f"{name}: chunk tokens frames   wall_s  cpu_s  load1  cache_MB", flush=True)
+    print(f"{name}: chunk tokens frames   wall_s  cpu_s  sys_s  faults  load1  cache_MB", flush=True)
     mels, rows = [], []
     for i, chunk in enumerate(chunks):
         load = os.getloadavg()[0]
+        usage = resource.getrusage(resource.RUSAGE_SELF)
         wall, cpu = time.perf_counter(), time.process_time()
         mels.append(call(chunk))
+        after = resource.getrusage(resource.RUSAGE_SELF)
         row = {
             "chunk": i + 1,
             "token_end": chunk.token_end,
             "frames": mels[-1].shape[2],
             "wall_s": time.perf_counter() - wall,
             "cpu_s": time.process_time() - cpu,
+            "sys_s": after.ru_stime - usage.ru_stime,  # the kernel's part: mostly page faults
+            "page_faults": after.ru_minflt - usage.ru_minflt,
             "load1": load,
             "cache_mb": 0.0 if cache is None else cache.nbytes() / 2**20,
         }
@@ -85,7 +95,8 @@ def run_mode(
         final = "F" if chunk.finalize else " "
         print(
             f"{' ' * len(name)}  {i + 1:>4}{final} {chunk.token_end:>6} {row['frames']:>6}"
-            f" {row['wall_s']:>8.3f} {row['cpu_s']:>6.2f} {load:>6.2f} {row['cache_mb']:>9.1f}",
+            f" {row['wall_s']:>8.3f} {row['cpu_s']:>6.2f} {row['sys_s']:>6.2f} {row['page_faults']:>7}"
+            f" {load:>6.2f} {row['cache_mb']:>9.1f}",
             flush=True,
         )
     return mels, rows
@@ -121,10 +132,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--skip-exact", action="store_true", help="time the incremental path only")
+    parser.add_argument(
+        "--reserve",
+        action="store_true",
+        help="reserve the stream's cache for all its tokens (as the engine on CPU)",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="incremental streams, one after another")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    retain_freed_memory()  # as the engine does
 
     flow = load_flow(args.model_dir, args.size, args.seed)
     hop, lookahead = flow.cfg.encoder.static_chunk_size, flow.cfg.pre_lookahead_len
@@ -149,14 +167,23 @@ def main() -> None:
         )
         return mel[:, :, ratio * chunk.offset :]
 
-    cache = flow.new_stream_cache()
+    def incremental_stream(label: str) -> tuple[list[torch.Tensor], list[dict[str, float]]]:
+        cache = flow.new_stream_cache()
+        if args.reserve:
+            cache.reserve(args.prompt + total, ratio)
 
-    def incremental(chunk: Chunk) -> torch.Tensor:
-        part = tokens[:, : chunk.token_end]
-        return flow.stream(cache, part, prompt_token, prompt_feat, embedding, chunk.offset, chunk.finalize)
+        def incremental(chunk: Chunk) -> torch.Tensor:
+            part = tokens[:, : chunk.token_end]
+            return flow.stream(
+                cache, part, prompt_token, prompt_feat, embedding, chunk.offset, chunk.finalize
+            )
+
+        return run_mode(label, chunks, incremental, cache)
 
     print(f"threads {torch.get_num_threads()}, prompt {args.prompt} tokens, {len(chunks)} chunks")
-    inc_mel, inc_rows = run_mode("incremental", chunks, incremental, cache)
+    inc_mel, inc_rows = incremental_stream("incremental")
+    # Later streams reuse the memory the first one freed (kept in the process, as the engine does).
+    repeats = [incremental_stream(f"incremental #{n}")[1] for n in range(2, args.repeat + 1)]
     summary: dict[str, float | None] = {
         "incremental_10th_over_2nd_wall": ratio_10_2(inc_rows, "wall_s"),
         "incremental_10th_over_2nd_cpu": ratio_10_2(inc_rows, "cpu_s"),
@@ -189,7 +216,13 @@ def main() -> None:
     for key, value in summary.items():
         print(f"{key}: {value if value is None else f'{value:.4g}'}")
     if args.json:
-        report = {"args": vars(args), "incremental": inc_rows, "exact": exact_rows, "summary": summary}
+        report = {
+            "args": vars(args),
+            "incremental": inc_rows,
+            "incremental_repeats": repeats,
+            "exact": exact_rows,
+            "summary": summary,
+        }
         args.json.write_text(json.dumps(report, indent=1, default=str))
 
 

@@ -32,6 +32,7 @@ def test_freed_memory_is_reused_without_page_faults() -> None:
         pytest.skip("the C library is not glibc")
     first, second = _faults_of_two_rounds()
     # The first round faults its new pages in (256 MiB: 65,536 pages, faulted a few at a
-    # time); glibc's defaults fault as many again in the second (measured: 32,800 both).
+    # time); glibc's defaults fault as many again in the second (measured: 32,800 both),
+    # retained memory a few percent of them (1,400-5,600 of 32,800-45,400 measured).
     assert first > 256 * 64
-    assert second < first // 10
+    assert second < first // 4

@@ -40,7 +40,7 @@ def retain_freed_memory() -> bool:
     libc = ctypes.CDLL(name)
     if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
         return False
-    applied = libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
+    applied: bool = libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
     applied = libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) == 1 and applied
     if not applied:
         logger.warning("glibc refused the malloc thresholds; freed memory goes back to the kernel")

@@ -85,7 +85,7 @@ def test_an_aborted_stream_gives_its_reservation_back(tiny_model: LoadedModel) -
     assert results[second.request_id].finished and results[second.request_id].error is None
 
 
-def test_a_stream_cache_is_allocated_for_its_reservation_after_its_first_chunk(tiny_model: LoadedModel) -> None:
+def test_a_stream_cache_takes_its_reservation_after_its_first_chunk(tiny_model: LoadedModel) -> None:
     # On CPU the cache's buffers are allocated for the segment's longest output after its
     # first chunk (then never regrown) and hold what the budget reserved for them.
     (spec,) = _specs(tiny_model, 1)
