@@ -27,8 +27,9 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 # The largest mmap threshold glibc accepts on 64-bit systems (HEAP_MAX_SIZE / 2).
 _MMAP_THRESHOLD = 32 << 20
-# Above a non-main arena's heap size (64 MiB): those heaps are never trimmed.
-_TRIM_THRESHOLD = 1 << 30
+# glibc reads the trim threshold as unsigned: -1 never trims (a free top above the
+# threshold is given back whole, so any finite value still returns a burst's memory).
+_NEVER_TRIM = -1
 
 
 def retain_freed_memory() -> bool:
@@ -41,7 +42,7 @@ def retain_freed_memory() -> bool:
     if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
         return False
     applied: bool = libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
-    applied = libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) == 1 and applied
+    applied = libc.mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM) == 1 and applied
     if not applied:
         logger.warning("glibc refused the malloc thresholds; freed memory goes back to the kernel")
     return applied
