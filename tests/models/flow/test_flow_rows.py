@@ -125,6 +125,38 @@ def test_lockstep_streams_batched_equal_each_stream_alone(flow: Flow) -> None:
     assert all(c.finished and c.nbytes() == 0 for c in caches)
 
 
+def test_streams_forked_from_a_primed_voice_batched_equal_each_alone(flow: Flow) -> None:
+    # Forks read the primed prefix in place (their shared positions) and batch with each
+    # other and with a stream that holds every position itself.
+    voices = [Voice(53, 70, 11), Voice(53, 70, 12), Voice(53, 70, 13)]
+    for other in voices[1:2]:  # the first two: one voice, two requests
+        other.prompt_token, other.prompt_feat, other.embedding = (
+            voices[0].prompt_token,
+            voices[0].prompt_feat,
+            voices[0].embedding,
+        )
+    primed = flow.prime_stream(
+        voices[0].prompt_token[None], voices[0].prompt_feat[None], voices[0].embedding[None]
+    )
+    assert primed.tokens == 50
+    caches = [primed.fork(), primed.fork(), flow.new_stream_cache()]
+    caches[1].reserve(53 + 70, flow.token_mel_ratio)
+    streams = [v.chunks() for v in voices]
+    assert len({len(s) for s in streams}) == 1
+    got: list[list[torch.Tensor]] = [[] for _ in voices]
+    for step in range(len(streams[0])):
+        # The first chunk: the forks start after the prefix, the third stream from nothing.
+        for members in ([0, 1], [2]) if step == 0 else ([0, 1, 2],):
+            rows = [voices[v].row(streams[v][step]) for v in members]
+            mels = stream_rows(flow, [caches[v] for v in members], rows, finalize=streams[0][step].finalize)
+            for v, mel in zip(members, mels, strict=True):
+                got[v].append(mel)
+    for voice, chunks, mels in zip(voices, streams, got, strict=True):
+        alone = flow.new_stream_cache()
+        assert_close(mels, [voice.stream_alone(flow, alone, c) for c in chunks])
+    assert primed.tokens == 50 and not primed.finished
+
+
 def test_a_failed_batched_pass_leaves_the_caches_as_they_were(
     flow: Flow, monkeypatch: pytest.MonkeyPatch
 ) -> None:

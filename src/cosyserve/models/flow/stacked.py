@@ -32,8 +32,8 @@ class StackedStates(LayerStates):
         self.groups = groups
 
     def attend(self, layer: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        parts = [row.attend(layer, self._row(k, b), self._row(v, b)) for b, row in enumerate(self.rows)]
-        return self._stack([p[0] for p in parts]), self._stack([p[1] for p in parts])
+        parts = [row.attend_parts(layer, self._row(k, b), self._row(v, b)) for b, row in enumerate(self.rows)]
+        return self._stack_parts([p[0] for p in parts]), self._stack_parts([p[1] for p in parts])
 
     def left_pad(self, conv: nn.Module, x: Tensor, width: int) -> Tensor:
         return self._stack([row.left_pad(conv, self._row(x, b), width) for b, row in enumerate(self.rows)])
@@ -46,6 +46,20 @@ class StackedStates(LayerStates):
     def _stack(parts: list[Tensor]) -> Tensor:
         """Rows' ``(groups, ...)`` tensors -> ``(groups * B, ...)`` in batch order."""
         return torch.stack(parts, dim=1).flatten(0, 1)
+
+    @staticmethod
+    def _stack_parts(rows: list[list[Tensor]]) -> Tensor:
+        """Rows' position pieces ``(groups, H, n_i, d)`` (each row's adding up to the same
+        length) -> ``(groups * B, H, length, d)`` in batch order, in one copy."""
+        first = rows[0][0]
+        length = sum(part.shape[2] for part in rows[0])
+        out = first.new_empty(first.shape[0], len(rows), first.shape[1], length, first.shape[3])
+        for b, parts in enumerate(rows):
+            start = 0
+            for part in parts:
+                out[:, b, :, start : start + part.shape[2]] = part
+                start += part.shape[2]
+        return out.flatten(0, 1)
 
 
 class StackedCache(FlowStreamCache):

@@ -25,11 +25,15 @@ class LayerStates:
     A pass that fails before :meth:`finish` leaves the cached positions as they were, so
     it can be run again.
 
-    ``capacity``: the positions each key and value buffer is allocated for at once from
-    the second pass on (see :meth:`FlowStreamCache.reserve`); beyond it, buffers grow x1.5.
-    The first pass allocates only what it needs: small buffers are likelier to come from
-    memory the process freed (no page faults), and the first pass is the first chunk,
-    whose latency users wait for.
+    The first ``shared`` positions (a fork's, see :meth:`fork`) are read from tensors
+    shared with the states it was forked from, never copied or written; the stream's own
+    positions after them live in buffers of its own.
+
+    ``capacity``: the positions (shared ones included) each own buffer is allocated for at
+    once from the second pass on (see :meth:`FlowStreamCache.reserve`); beyond it, buffers
+    grow x1.5. The first pass allocates only what it needs: small buffers are likelier to
+    come from memory the process freed (no page faults), and the first pass is the first
+    chunk, whose latency users wait for.
     """
 
     def __init__(self, capacity: int = 0) -> None:
@@ -37,8 +41,11 @@ class LayerStates:
         self.keep = 0
         self.capacity = capacity
         self.passes = 0
+        self.shared = 0
         # Keyed by the module that owns the state, so each layer finds its own.
-        self._keys: dict[nn.Module, Tensor] = {}  # (B, H, capacity, d)
+        self._shared_keys: dict[nn.Module, Tensor] = {}  # (B, H, shared, d)
+        self._shared_values: dict[nn.Module, Tensor] = {}
+        self._keys: dict[nn.Module, Tensor] = {}  # (B, H, own capacity, d): positions from ``shared``
         self._values: dict[nn.Module, Tensor] = {}
         self._context: dict[nn.Module, Tensor] = {}  # (B, C, kernel - 1)
         self._next_context: dict[nn.Module, Tensor] = {}  # the context after this pass
@@ -57,15 +64,25 @@ class LayerStates:
 
     def attend(self, layer: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of all positions so far for ``layer``'s new ``k``, ``v``
-        ``(B, H, n, d)``: ``(B, H, length + n, d)`` views of a buffer that grows
-        geometrically, so appending costs amortised O(n), not a copy of the whole history
-        per chunk."""
-        end = self.length + k.shape[2]
+        ``(B, H, n, d)``: ``(B, H, length + n, d)``. Without shared positions, views of a
+        buffer that grows geometrically (appending costs amortised O(n), not a copy of the
+        whole history per chunk); with them, the shared and own positions joined."""
+        keys, values = self.attend_parts(layer, k, v)
+        return _joined(keys), _joined(values)
+
+    def attend_parts(self, layer: nn.Module, k: Tensor, v: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        """:meth:`attend`'s keys and values as the pieces they are held in, in position
+        order (the shared positions, then the own ones), for a caller that copies them
+        into a batch anyway."""
+        end = self.length + k.shape[2] - self.shared  # in the own buffers
+        start = self.length - self.shared
         keys = self._grown(self._keys, layer, k, end)
         values = self._grown(self._values, layer, v, end)
-        keys[:, :, self.length : end] = k
-        values[:, :, self.length : end] = v
-        return keys[:, :, :end], values[:, :, :end]
+        keys[:, :, start:end] = k
+        values[:, :, start:end] = v
+        if not self.shared:
+            return [keys[:, :, :end]], [values[:, :, :end]]
+        return [self._shared_keys[layer], keys[:, :, :end]], [self._shared_values[layer], values[:, :, :end]]
 
     def left_pad(self, conv: nn.Module, x: Tensor, width: int) -> Tensor:
         """``x`` ``(B, C, n)`` (the new positions) with the ``width`` cached positions
@@ -81,41 +98,61 @@ class LayerStates:
         return padded
 
     def fork(self) -> "LayerStates":
-        """Independent states continuing from these, sharing their tensors without a copy.
-
-        The fork can never write into the shared tensors: its key and value buffers are
-        views of exactly ``length`` positions (no slack), so its first :meth:`attend` with
-        new positions reallocates, and :meth:`left_pad` replaces a context, never mutates it.
-        """
+        """Independent states continuing from these, sharing their cached positions without
+        a copy: the fork reads them as its ``shared`` positions and writes its own into
+        buffers of its own, and :meth:`left_pad` replaces a context, never mutates it. (A
+        fork of a fork joins its shared and own positions into one tensor.)"""
         if self.keep:
             raise RuntimeError("cannot fork states in the middle of a pass")
         fork = LayerStates(self.capacity)
-        fork.length = self.length
-        fork._keys = {layer: k[:, :, : self.length] for layer, k in self._keys.items()}
-        fork._values = {layer: v[:, :, : self.length] for layer, v in self._values.items()}
+        fork.length = fork.shared = self.length
+        own = self.length - self.shared
+        for layer in self._keys:
+            fork._shared_keys[layer] = _joined(
+                [*self._shared(self._shared_keys, layer), self._keys[layer][:, :, :own]]
+            )
+            fork._shared_values[layer] = _joined(
+                [*self._shared(self._shared_values, layer), self._values[layer][:, :, :own]]
+            )
         fork._context = dict(self._context)
         return fork
 
     def tensors(self) -> list[Tensor]:
-        """Every cached tensor (the key and value buffers whole, slack included)."""
-        return [*self._keys.values(), *self._values.values(), *self._context.values()]
+        """Every cached tensor: the shared positions, the own key and value buffers whole
+        (slack included), the convolution contexts."""
+        return [
+            *self._shared_keys.values(),
+            *self._shared_values.values(),
+            *self._keys.values(),
+            *self._values.values(),
+            *self._context.values(),
+        ]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
+    def _shared(self, tensors: dict[nn.Module, Tensor], layer: nn.Module) -> list[Tensor]:
+        return [tensors[layer]] if self.shared else []
+
     def _grown(self, buffers: dict[nn.Module, Tensor], layer: nn.Module, new: Tensor, end: int) -> Tensor:
+        """``layer``'s own buffer, reallocated if it holds fewer than ``end`` positions."""
         buffer = buffers.get(layer)
         if buffer is not None and buffer.shape[2] >= end:
             return buffer
         # Beyond the reserved capacity x1.5: at most a third of the buffer is slack; each
         # position is copied about twice over the stream's life.
-        reserved = self.capacity if self.passes else 0
+        reserved = self.capacity - self.shared if self.passes else 0
         capacity = max(end, reserved, 3 * (0 if buffer is None else buffer.shape[2]) // 2)
         grown = new.new_empty(new.shape[0], new.shape[1], capacity, new.shape[3])
         if buffer is not None:
             grown[:, :, : buffer.shape[2]] = buffer
         buffers[layer] = grown
         return grown
+
+
+def _joined(parts: list[Tensor]) -> Tensor:
+    """Position pieces ``(B, H, n_i, d)`` as one ``(B, H, sum n_i, d)`` (no copy for one)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
 
 class FlowStreamCache:
