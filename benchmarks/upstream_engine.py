@@ -37,6 +37,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -133,6 +134,7 @@ def run_upstream(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     _progress("upstream: streaming")
     first_audio_s, stream_s, _ = synthesize(texts[1], stream=True)
     single_peak = _phase_peak()
+    kernel = _kernel_usage()
     _progress(f"upstream: {args.streams} streams on {args.streams} threads")
     results: list[tuple[float, float, int]] = []
 
@@ -148,7 +150,7 @@ def run_upstream(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     wall = time.perf_counter() - begin
     return _side_report(
         load_s, non_stream_s, samples / rate, first_audio_s, stream_s,
-        sum(r[2] for r in results) / rate, wall, peaks, single_peak,
+        sum(r[2] for r in results) / rate, wall, peaks, single_peak, kernel,
     )  # fmt: skip
 
 
@@ -205,6 +207,7 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         _progress("ours: streaming")
         first_audio_s, stream_s, _ = asyncio.run(synthesize(texts[1], True, args.tokens))
         single_peak = _phase_peak()
+        kernel = _kernel_usage()
         _progress(f"ours: {args.streams} concurrent streams")
         before = engine.engine.stats.snapshot()
         wall, stream_samples = asyncio.run(streams())
@@ -213,7 +216,7 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         engine.shutdown()
     report = _side_report(
         load_s, non_stream_s, samples / rate, first_audio_s, stream_s, stream_samples / rate, wall, peaks,
-        single_peak,
+        single_peak, kernel,
     )  # fmt: skip
     precision = {
         "precision": model.precision.describe(),
@@ -265,8 +268,10 @@ def _side_report(
     streams_wall_s: float,
     peaks: tuple[float, bool],
     single_peak: float,
+    kernel_before: tuple[int, float],
 ) -> dict[str, Any]:
     load_peak, reset = peaks
+    faults, kernel_s = (now - before for now, before in zip(_kernel_usage(), kernel_before, strict=True))
     streams_peak = peak_rss_mb()  # since the reset, or since the start if there was none
     after_load = max(single_peak, streams_peak)
     return {
@@ -281,9 +286,19 @@ def _side_report(
         "peak_rss_after_load_mb": after_load if reset else None,
         "peak_rss_single_mb": max(load_peak, single_peak),
         "peak_rss_streams_mb": streams_peak if reset else None,
+        # Since the streams began: page faults that found no page (a new page each) and the
+        # CPU seconds the kernel spent for the process (docs/benchmarks.md, "Page faults").
+        "streams_page_faults": faults,
+        "streams_kernel_s": kernel_s,
         "load_average_after": os.getloadavg(),
         "torch_threads": torch.get_num_threads(),
     }
+
+
+def _kernel_usage() -> tuple[int, float]:
+    """The process's minor page faults and kernel CPU seconds so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_minflt, usage.ru_stime
 
 
 def _progress(message: str) -> None:
@@ -344,6 +359,8 @@ def _table(reports: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]]
         ("peak RSS after load (MiB)", "peak_rss_after_load_mb", "{:.0f}"),
         ("peak RSS, load + single requests (MiB)", "peak_rss_single_mb", "{:.0f}"),
         ("peak RSS, concurrent streams (MiB)", "peak_rss_streams_mb", "{:.0f}"),
+        ("concurrent streams: page faults", "streams_page_faults", "{:,}"),
+        ("concurrent streams: kernel CPU (s)", "streams_kernel_s", "{:.1f}"),
         ("model load (s)", "load_s", "{:.1f}"),
     ]
     sides = [s for s in SIDES if s in reports]
