@@ -135,3 +135,21 @@ def test_a_fork_of_states_with_slack_reallocates_instead_of_writing_into_it() ->
     fork.finish()
     assert torch.equal(keys, before[0]) and torch.equal(values, before[1])
     assert torch.equal(fork_keys[:, :, :8], keys[:, :, :8]) and bool((fork_keys[:, :, 8] == 1).all())
+
+
+def test_a_fork_of_a_fork_holds_every_cached_position() -> None:
+    layer = torch.nn.Identity()
+    states = LayerStates()
+    keys = torch.randn(1, 2, 6, 8)
+    states.begin(4)
+    states.attend(layer, keys[:, :, :4], keys[:, :, :4])
+    states.finish()
+    fork = states.fork()
+    assert fork.fork().shared == 4  # a fork that has not run a pass forks its shared positions
+    fork.begin(2)
+    fork.attend(layer, keys[:, :, 4:], keys[:, :, 4:])
+    fork.finish()
+    again = fork.fork()
+    again.begin(0)
+    got, _ = again.attend(layer, torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8))
+    assert again.shared == 6 and torch.equal(got[:, :, :6], keys) and bool((got[:, :, 6] == 0).all())

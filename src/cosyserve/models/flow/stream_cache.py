@@ -106,14 +106,9 @@ class LayerStates:
             raise RuntimeError("cannot fork states in the middle of a pass")
         fork = LayerStates(self.capacity)
         fork.length = fork.shared = self.length
-        own = self.length - self.shared
-        for layer in self._keys:
-            fork._shared_keys[layer] = _joined(
-                [*self._shared(self._shared_keys, layer), self._keys[layer][:, :, :own]]
-            )
-            fork._shared_values[layer] = _joined(
-                [*self._shared(self._shared_values, layer), self._values[layer][:, :, :own]]
-            )
+        for layer in dict.fromkeys([*self._shared_keys, *self._keys]):
+            fork._shared_keys[layer] = _joined(self._cached(self._shared_keys, self._keys, layer))
+            fork._shared_values[layer] = _joined(self._cached(self._shared_values, self._values, layer))
         fork._context = dict(self._context)
         return fork
 
@@ -131,8 +126,14 @@ class LayerStates:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
-    def _shared(self, tensors: dict[nn.Module, Tensor], layer: nn.Module) -> list[Tensor]:
-        return [tensors[layer]] if self.shared else []
+    def _cached(
+        self, shared: dict[nn.Module, Tensor], own: dict[nn.Module, Tensor], layer: nn.Module
+    ) -> list[Tensor]:
+        """``layer``'s cached positions as pieces: the shared ones, then the own ones."""
+        parts = [shared[layer]] if layer in shared else []
+        if layer in own and self.length > self.shared:
+            parts.append(own[layer][:, :, : self.length - self.shared])
+        return parts
 
     def _grown(self, buffers: dict[nn.Module, Tensor], layer: nn.Module, new: Tensor, end: int) -> Tensor:
         """``layer``'s own buffer, reallocated if it holds fewer than ``end`` positions."""
