@@ -13,7 +13,7 @@ peak RSS is its own, and measures, after a warm-up (one short non-streaming requ
 one stream of ``--tokens`` tokens of the same voice; on our side the stream primes the
 voice's flow prompt states, as the first stream of a registered voice does in a server,
 and leaves memory of a stream's size that the process keeps and reuses, as a server that
-has served a stream does: on this VM a page faulted in for the first time costs 10-40 µs,
+has served a stream does: on this VM a page faulted in for the first time costs up to 40 µs,
 and a process's first stream faults in about 1 GiB):
 
 1. non-streaming: wall time of one request;
