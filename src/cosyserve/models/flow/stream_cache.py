@@ -80,9 +80,10 @@ class LayerStates:
         values = self._grown(self._values, layer, v, end)
         keys[:, :, start:end] = k
         values[:, :, start:end] = v
-        if not self.shared:
-            return [keys[:, :, :end]], [values[:, :, :end]]
-        return [self._shared_keys[layer], keys[:, :, :end]], [self._shared_values[layer], values[:, :, :end]]
+        return (
+            self._pieces(self._shared_keys, self._keys, layer, end),
+            self._pieces(self._shared_values, self._values, layer, end),
+        )
 
     def left_pad(self, conv: nn.Module, x: Tensor, width: int) -> Tensor:
         """``x`` ``(B, C, n)`` (the new positions) with the ``width`` cached positions
@@ -106,9 +107,10 @@ class LayerStates:
             raise RuntimeError("cannot fork states in the middle of a pass")
         fork = LayerStates(self.capacity)
         fork.length = fork.shared = self.length
+        own = self.length - self.shared
         for layer in dict.fromkeys([*self._shared_keys, *self._keys]):
-            fork._shared_keys[layer] = _joined(self._cached(self._shared_keys, self._keys, layer))
-            fork._shared_values[layer] = _joined(self._cached(self._shared_values, self._values, layer))
+            fork._shared_keys[layer] = _joined(self._pieces(self._shared_keys, self._keys, layer, own))
+            fork._shared_values[layer] = _joined(self._pieces(self._shared_values, self._values, layer, own))
         fork._context = dict(self._context)
         return fork
 
@@ -126,13 +128,15 @@ class LayerStates:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
-    def _cached(
-        self, shared: dict[nn.Module, Tensor], own: dict[nn.Module, Tensor], layer: nn.Module
+    @staticmethod
+    def _pieces(
+        shared: dict[nn.Module, Tensor], own: dict[nn.Module, Tensor], layer: nn.Module, own_end: int
     ) -> list[Tensor]:
-        """``layer``'s cached positions as pieces: the shared ones, then the own ones."""
+        """``layer``'s positions as pieces: the shared ones, then the first ``own_end`` of
+        its own buffer (left out when empty, unless it is all there is)."""
         parts = [shared[layer]] if layer in shared else []
-        if layer in own and self.length > self.shared:
-            parts.append(own[layer][:, :, : self.length - self.shared])
+        if layer in own and (own_end > 0 or not parts):
+            parts.append(own[layer][:, :, :own_end])
         return parts
 
     def _grown(self, buffers: dict[nn.Module, Tensor], layer: nn.Module, new: Tensor, end: int) -> Tensor:
