@@ -19,7 +19,6 @@ requests in runs 8-10, 4796 MiB in run 7 before this).
 """
 
 import ctypes
-import ctypes.util
 import logging
 
 logger = logging.getLogger(__name__)
@@ -37,10 +36,9 @@ _NEVER_TRIM = -1
 def retain_freed_memory() -> bool:
     """Set glibc's malloc to keep freed memory in the process (see the module's text).
     Returns False where the C library is not glibc (nothing is changed then)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    libc = ctypes.CDLL(name)
+    # The symbols the process has loaded, the C library's among them: find_library would
+    # run ldconfig in a subprocess each time an engine starts.
+    libc = ctypes.CDLL(None)
     if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
         return False
     applied: bool = libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
