@@ -3,16 +3,18 @@
 torch's CPU tensors come from the C library's ``malloc``. glibc hands memory back to the
 kernel eagerly: chunks above a (self-adjusting) size threshold are separate mappings,
 unmapped when freed, and the arenas of threads other than the main one (the engine runs
-on its own thread) trim their free space back to the kernel. The next tensor of that
-size then faults its pages in again, and on a virtual machine that hands freed memory back
-to its host a page fault can cost up to 40 µs (3 µs where the guest reuses a page it has
+on its own thread) trim their free space back to the kernel and unmap their heaps that
+become wholly free. The next tensor of that size then faults its pages in again, and on a
+virtual machine that hands freed memory back to its host a page fault can cost up to 40 µs (3 µs where the guest reuses a page it has
 just freed). On the 2-core VM of ``docs/benchmarks.md`` a stream's chunks fault in about
 43,000 pages each (1.3-1.9 s in the kernel) on new memory, and 2,500 when the stream
 before it left its memory in the process
 (``docs/results/flow_streaming-reserve.txt``; ``docs/benchmarks.md``, "Page faults").
 
 :func:`retain_freed_memory` sets glibc's thresholds so that chunks up to 32 MiB come from
-the arenas and freed arena memory stays in the process. The process's resident memory
+the arenas and freed arena memory stays in the process (a thread that freed 2 GiB of 1 MiB
+tensors faulted in 28,900 pages of 262,000 when it allocated them again with the trim
+and mmap thresholds alone, 1,500 with the top pad too). The process's resident memory
 then stays at its high-water mark (as with a preallocated cache pool) instead of
 shrinking between bursts of requests (peaks of 4536-4923 MiB for loading and single
 requests in runs 8-10, 4796 MiB in run 7 before this).
@@ -25,12 +27,18 @@ logger = logging.getLogger(__name__)
 
 # mallopt parameters (glibc malloc.h).
 _M_TRIM_THRESHOLD = -1
+_M_TOP_PAD = -2
 _M_MMAP_THRESHOLD = -3
 # The largest mmap threshold glibc accepts on 64-bit systems (HEAP_MAX_SIZE / 2).
 _MMAP_THRESHOLD = 32 << 20
 # glibc reads the trim threshold as unsigned: -1 never trims (a free top above the
 # threshold is given back whole, so any finite value still returns a burst's memory).
 _NEVER_TRIM = -1
+# A thread's arena is a chain of heaps of at most 64 MiB (HEAP_MAX_SIZE), and free() unmaps
+# a heap at the chain's end that has become wholly free unless the heap before it has less
+# than the top pad free: a pad of a whole heap keeps every heap. (The pad is also the
+# address space added when an arena grows: reserved, never touched, no memory.)
+_TOP_PAD = 64 << 20
 
 
 def retain_freed_memory() -> bool:
@@ -43,6 +51,7 @@ def retain_freed_memory() -> bool:
         return False
     applied: bool = libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
     applied = libc.mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM) == 1 and applied
+    applied = libc.mallopt(_M_TOP_PAD, _TOP_PAD) == 1 and applied
     if not applied:
         logger.warning("glibc refused the malloc thresholds; freed memory goes back to the kernel")
     return applied
