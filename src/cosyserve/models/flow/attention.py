@@ -35,7 +35,12 @@ def attention(
     if q.dtype != torch.bfloat16 or q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
     q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
-    keys = k.transpose(-2, -1)  # (B, H, d, K)
+    # The GEMMs take a dense batch of matrices as it is (or transposed) but copy a strided
+    # one (heads split from a projection, a cache buffer with room) by a slow transposing
+    # gather: copying it dense first is faster (a 50-frame incremental layer over 400
+    # cached frames: 1.78 -> 1.34 ms; a 450-frame layer: 8.2-9.5 -> 7.0-7.8 ms).
+    keys = k.contiguous().transpose(-2, -1)  # (B, H, d, K)
+    v = v.contiguous()
     size = q.shape[-2]
     rows = max(1, MAX_SCORES // (q.shape[0] * q.shape[1] * k.shape[-2]))
     if rows >= size:
