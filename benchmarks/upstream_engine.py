@@ -20,7 +20,12 @@ and a process's first stream faults in about 1 GiB):
 2. streaming: time to the first audio of one request (then the rest, to its end);
 3. ``--streams`` concurrent streams: audio seconds made per wall second (upstream: one
    thread per stream calling ``tts``, as its servers do; ours: one asyncio task per
-   stream on one :class:`~cosyserve.engine.async_engine.AsyncEngine`);
+   stream on one :class:`~cosyserve.engine.async_engine.AsyncEngine`), in ``--bursts``
+   bursts one after another (default 1). The first burst is the process's first at that
+   concurrency: on our side its flow caches are new memory, whose page faults cost this VM
+   far more than the pages' writes (docs/benchmarks.md, "Page faults"); a later burst
+   reuses the memory, as a server does from its second burst of that size on. Each burst
+   is reported, and the ratios are taken for the first and for the last;
 4. peak RSS of the whole process (loading included), after loading, of loading plus the
    single requests (1 and 2), and of the concurrent streams (3) alone.
 
@@ -35,6 +40,7 @@ amount of work is the same. ``--dtype`` and ``--quantize`` load our side in that
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import json
 import os
 import resource
@@ -42,6 +48,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +71,7 @@ TARGETS = {
     "non_stream_s": ("<=", 1 / 4),
     "first_audio_s": ("<=", 1 / 15),
     "streams_audio_s_per_s": (">=", 5.0),
+    "streams_audio_s_per_s_last": (">=", 5.0),
     "peak_rss_mb": ("<=", 1.0),
 }
 
@@ -134,24 +142,25 @@ def run_upstream(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     _progress("upstream: streaming")
     first_audio_s, stream_s, _ = synthesize(texts[1], stream=True)
     single_peak = _phase_peak()
-    kernel = _kernel_usage()
-    _progress(f"upstream: {args.streams} streams on {args.streams} threads")
-    results: list[tuple[float, float, int]] = []
 
-    def worker(text: tuple[int, ...]) -> None:
-        results.append(synthesize(text, stream=True))
+    def streams() -> tuple[float, int]:
+        results: list[tuple[float, float, int]] = []
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in texts[2:]]
-    begin = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - begin
-    return _side_report(
-        load_s, non_stream_s, samples / rate, first_audio_s, stream_s,
-        sum(r[2] for r in results) / rate, wall, peaks, single_peak, kernel,
-    )  # fmt: skip
+        def worker(text: tuple[int, ...]) -> None:
+            results.append(synthesize(text, stream=True))
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in texts[2:]]
+        begin = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return time.perf_counter() - begin, sum(r[2] for r in results)
+
+    label = f"{args.streams} streams on {args.streams} threads"
+    bursts = _bursts("upstream", label, streams, args.bursts, rate)
+    audio_s = samples / rate
+    return _side_report(load_s, non_stream_s, audio_s, first_audio_s, stream_s, bursts, peaks, single_peak)
 
 
 # -- ours ------------------------------------------------------------------------------------
@@ -207,17 +216,18 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         _progress("ours: streaming")
         first_audio_s, stream_s, _ = asyncio.run(synthesize(texts[1], True, args.tokens))
         single_peak = _phase_peak()
-        kernel = _kernel_usage()
-        _progress(f"ours: {args.streams} concurrent streams")
-        before = engine.engine.stats.snapshot()
-        wall, stream_samples = asyncio.run(streams())
-        after = engine.engine.stats.snapshot()
+        snapshots = [engine.engine.stats.snapshot()]
+
+        def burst() -> tuple[float, int]:
+            done = asyncio.run(streams())
+            snapshots.append(engine.engine.stats.snapshot())
+            return done
+
+        bursts = _bursts("ours", f"{args.streams} concurrent streams", burst, args.bursts, rate)
     finally:
         engine.shutdown()
-    report = _side_report(
-        load_s, non_stream_s, samples / rate, first_audio_s, stream_s, stream_samples / rate, wall, peaks,
-        single_peak, kernel,
-    )  # fmt: skip
+    audio_s = samples / rate
+    report = _side_report(load_s, non_stream_s, audio_s, first_audio_s, stream_s, bursts, peaks, single_peak)
     precision = {
         "precision": model.precision.describe(),
         "kv_cache_dtype": str(config.dtype).removeprefix("torch."),
@@ -225,7 +235,7 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     # This process's main thread runs torch on one thread; the engine's runs on ``threads``.
     report |= {"flow_cache": config.flow_cache, "flow_stream_cache_mb": config.flow_stream_cache_mb}
     report |= {"flow_cache_refusals": engine.engine.stats.flow_cache_refusals, "torch_threads": threads}
-    # Where the concurrent streams' time went: engine seconds per stage and batch sizes.
+    # Where each burst's time went: engine seconds per stage and batch sizes.
     stages = [
         "prefill_s",
         "decode_s",
@@ -237,7 +247,10 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         "hift_calls",
         "hift_rows",
     ]
-    report["streams_engine"] = {key: getattr(after, key) - getattr(before, key) for key in stages}
+    intervals = itertools.pairwise(snapshots)
+    for burst_report, (before, after) in zip(report["streams_bursts"], intervals, strict=True):
+        burst_report["engine"] = {key: getattr(after, key) - getattr(before, key) for key in stages}
+    report["streams_engine"] = report["streams_bursts"][0]["engine"]
     return report | precision
 
 
@@ -258,20 +271,36 @@ def _phase_peak() -> float:
     return peak
 
 
+def _bursts(
+    side: str, label: str, run: Callable[[], tuple[float, int]], count: int, rate: int
+) -> list[dict[str, Any]]:
+    """``count`` bursts of concurrent streams (``run()``: wall seconds and samples made),
+    one after another: each one's wall seconds, audio seconds per second, and page faults
+    that found no page (a new page each) and CPU seconds the kernel spent for the process
+    (docs/benchmarks.md, "Page faults")."""
+    out: list[dict[str, Any]] = []
+    for n in range(1, count + 1):
+        _progress(f"{side}: {label}, burst {n} of {count}")
+        before = _kernel_usage()
+        wall, samples = run()
+        faults, kernel_s = (now - then for now, then in zip(_kernel_usage(), before, strict=True))
+        out.append({"wall_s": wall, "audio_s_per_s": samples / rate / wall})
+        out[-1] |= {"page_faults": faults, "kernel_s": kernel_s}
+    return out
+
+
 def _side_report(
     load_s: float,
     non_stream_s: float,
     audio_s: float,
     first_audio_s: float,
     stream_s: float,
-    streams_audio_s: float,
-    streams_wall_s: float,
+    bursts: list[dict[str, Any]],
     peaks: tuple[float, bool],
     single_peak: float,
-    kernel_before: tuple[int, float],
 ) -> dict[str, Any]:
     load_peak, reset = peaks
-    faults, kernel_s = (now - before for now, before in zip(_kernel_usage(), kernel_before, strict=True))
+    first, last = bursts[0], bursts[-1]
     streams_peak = peak_rss_mb()  # since the reset, or since the start if there was none
     after_load = max(single_peak, streams_peak)
     return {
@@ -280,16 +309,19 @@ def _side_report(
         "audio_s": audio_s,
         "first_audio_s": first_audio_s,
         "stream_total_s": stream_s,
-        "streams_wall_s": streams_wall_s,
-        "streams_audio_s_per_s": streams_audio_s / streams_wall_s,
+        # The first burst under the names of the runs before bursts, then the last.
+        "streams_wall_s": first["wall_s"],
+        "streams_audio_s_per_s": first["audio_s_per_s"],
+        "streams_audio_s_per_s_last": last["audio_s_per_s"],
         "peak_rss_mb": max(load_peak, after_load),
         "peak_rss_after_load_mb": after_load if reset else None,
         "peak_rss_single_mb": max(load_peak, single_peak),
         "peak_rss_streams_mb": streams_peak if reset else None,
-        # Since the streams began: page faults that found no page (a new page each) and the
-        # CPU seconds the kernel spent for the process (docs/benchmarks.md, "Page faults").
-        "streams_page_faults": faults,
-        "streams_kernel_s": kernel_s,
+        "streams_page_faults": first["page_faults"],
+        "streams_kernel_s": first["kernel_s"],
+        "streams_page_faults_last": last["page_faults"],
+        "streams_kernel_s_last": last["kernel_s"],
+        "streams_bursts": bursts,
         "load_average_after": os.getloadavg(),
         "torch_threads": torch.get_num_threads(),
     }
@@ -321,6 +353,8 @@ def _run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
         str(args.tokens),
         "--streams",
         str(args.streams),
+        "--bursts",
+        str(args.bursts),
     ]
     command += ["--prompt-seconds", str(args.prompt_seconds), "--seed", str(args.seed)]
     if args.threads is not None:
@@ -354,13 +388,16 @@ def _table(reports: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]]
         ("non-streaming wall (s)", "non_stream_s", "{:.2f}"),
         ("streaming: first audio (s)", "first_audio_s", "{:.2f}"),
         ("streaming: whole request (s)", "stream_total_s", "{:.2f}"),
-        ("concurrent streams: audio s/s", "streams_audio_s_per_s", "{:.3f}"),
+        ("concurrent streams, first burst: audio s/s", "streams_audio_s_per_s", "{:.3f}"),
+        ("concurrent streams, last burst: audio s/s", "streams_audio_s_per_s_last", "{:.3f}"),
         ("peak RSS, whole process (MiB)", "peak_rss_mb", "{:.0f}"),
         ("peak RSS after load (MiB)", "peak_rss_after_load_mb", "{:.0f}"),
         ("peak RSS, load + single requests (MiB)", "peak_rss_single_mb", "{:.0f}"),
         ("peak RSS, concurrent streams (MiB)", "peak_rss_streams_mb", "{:.0f}"),
-        ("concurrent streams: page faults", "streams_page_faults", "{:,}"),
-        ("concurrent streams: kernel CPU (s)", "streams_kernel_s", "{:.1f}"),
+        ("first burst: page faults", "streams_page_faults", "{:,}"),
+        ("first burst: kernel CPU (s)", "streams_kernel_s", "{:.1f}"),
+        ("last burst: page faults", "streams_page_faults_last", "{:,}"),
+        ("last burst: kernel CPU (s)", "streams_kernel_s_last", "{:.1f}"),
         ("model load (s)", "load_s", "{:.1f}"),
     ]
     sides = [s for s in SIDES if s in reports]
@@ -381,6 +418,7 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--tokens", type=int, default=150, help="speech tokens forced per request")
     parser.add_argument("--streams", type=int, default=8, help="concurrent streams")
+    parser.add_argument("--bursts", type=int, default=1, help="bursts of --streams, one after another")
     parser.add_argument("--prompt-seconds", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -417,6 +455,8 @@ def main() -> None:
     if args.worker is not None:
         _worker(args)
         return
+    if args.bursts < 1:
+        parser.error("--bursts must be at least 1")
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     if not sides or any(s not in SIDES for s in sides):
         parser.error(f"--sides takes {', '.join(SIDES)}")
