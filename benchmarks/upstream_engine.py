@@ -10,8 +10,10 @@ tokens, mel and embedding, and a transcript), the same text ids and exactly ``--
 speech tokens per request (upstream forced as upstream-cpu-baseline.md describes: min_len =
 max_len = N with all three stop ids masked). Each side runs in its own subprocess, so its
 peak RSS is its own, and measures, after a warm-up (one short non-streaming request and
-one stream of ``--tokens`` tokens of the same voice; on our side the stream primes the
-voice's flow prompt states, as the first stream of a registered voice does in a server,
+one stream of ``--tokens`` tokens of the same voice; every request has a text of its own,
+none repeated, since our LM's prefix cache would serve a repeated text's prefill; on our
+side the stream primes the voice's flow prompt states, as the first stream of a registered
+voice does in a server,
 and leaves memory of a stream's size that the process keeps and reuses, as a server that
 has served a stream does: on this VM a page faulted in for the first time costs up to 40 µs,
 and a process's first stream faults in about 1 GiB):
@@ -79,12 +81,26 @@ TARGETS = {
 # -- the workload, shared by both sides ------------------------------------------------------
 
 
-def workload(model_dir: Path, args: argparse.Namespace) -> tuple[VoicePrompt, list[tuple[int, ...]], int]:
-    """The voice, one text per request (1 + 1 + streams) and the model's sample rate."""
+@dataclasses.dataclass(frozen=True)
+class Texts:
+    """One text per request, none used twice: our LM's prefix cache would otherwise serve a
+    repeated text's prefill (upstream has none)."""
+
+    warm_up: tuple[int, ...]
+    non_stream: tuple[int, ...]
+    stream: tuple[int, ...]
+    bursts: list[list[tuple[int, ...]]]  # per burst, one per stream
+
+
+def workload(model_dir: Path, args: argparse.Namespace) -> tuple[VoicePrompt, Texts, int]:
+    """The voice, the texts and the model's sample rate."""
     hp = ModelDir.open(model_dir).hparams()
     voice = synthetic_voice(hp, args.prompt_seconds, seed=args.seed, name="bench")
-    texts = [synthetic_text_ids(hp, args.tokens, seed=args.seed + i) for i in range(2 + args.streams)]
-    return voice, texts, hp.sample_rate
+    ids = [
+        synthetic_text_ids(hp, args.tokens, seed=args.seed + i) for i in range(3 + args.streams * args.bursts)
+    ]
+    bursts = [ids[3 + n * args.streams : 3 + (n + 1) * args.streams] for n in range(args.bursts)]
+    return voice, Texts(ids[0], ids[1], ids[2], bursts), hp.sample_rate
 
 
 # -- upstream --------------------------------------------------------------------------------
@@ -132,24 +148,24 @@ def run_upstream(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
 
     if args.warm_up:
         force(WARM_UP_TOKENS)
-        synthesize(texts[0], stream=False)
+        synthesize(texts.warm_up, stream=False)
         force(args.tokens)
-        synthesize(texts[0], stream=True)
+        synthesize(texts.warm_up, stream=True)
     force(args.tokens)
     peaks = _loaded()
     _progress("upstream: non-streaming")
-    _, non_stream_s, samples = synthesize(texts[0], stream=False)
+    _, non_stream_s, samples = synthesize(texts.non_stream, stream=False)
     _progress("upstream: streaming")
-    first_audio_s, stream_s, _ = synthesize(texts[1], stream=True)
+    first_audio_s, stream_s, _ = synthesize(texts.stream, stream=True)
     single_peak = _phase_peak()
 
-    def streams() -> tuple[float, int]:
+    def streams(burst: int) -> tuple[float, int]:
         results: list[tuple[float, float, int]] = []
 
         def worker(text: tuple[int, ...]) -> None:
             results.append(synthesize(text, stream=True))
 
-        threads = [threading.Thread(target=worker, args=(t,)) for t in texts[2:]]
+        threads = [threading.Thread(target=worker, args=(t,)) for t in texts.bursts[burst]]
         begin = time.perf_counter()
         for thread in threads:
             thread.start()
@@ -201,25 +217,25 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         total = time.perf_counter() - begin
         return first if first is not None else total, total, samples
 
-    async def streams() -> tuple[float, int]:
+    async def streams(burst: int) -> tuple[float, int]:
         begin = time.perf_counter()
-        results = await asyncio.gather(*(synthesize(t, True, args.tokens) for t in texts[2:]))
+        results = await asyncio.gather(*(synthesize(t, True, args.tokens) for t in texts.bursts[burst]))
         return time.perf_counter() - begin, sum(r[2] for r in results)
 
     try:
         if args.warm_up:  # the streaming one also primes the voice's flow prompt states
-            asyncio.run(synthesize(texts[0], False, WARM_UP_TOKENS))
-            asyncio.run(synthesize(texts[0], True, args.tokens))
+            asyncio.run(synthesize(texts.warm_up, False, WARM_UP_TOKENS))
+            asyncio.run(synthesize(texts.warm_up, True, args.tokens))
         peaks = _loaded()
         _progress("ours: non-streaming")
-        _, non_stream_s, samples = asyncio.run(synthesize(texts[0], False, args.tokens))
+        _, non_stream_s, samples = asyncio.run(synthesize(texts.non_stream, False, args.tokens))
         _progress("ours: streaming")
-        first_audio_s, stream_s, _ = asyncio.run(synthesize(texts[1], True, args.tokens))
+        first_audio_s, stream_s, _ = asyncio.run(synthesize(texts.stream, True, args.tokens))
         single_peak = _phase_peak()
         snapshots = [engine.engine.stats.snapshot()]
 
-        def burst() -> tuple[float, int]:
-            done = asyncio.run(streams())
+        def burst(n: int) -> tuple[float, int]:
+            done = asyncio.run(streams(n))
             snapshots.append(engine.engine.stats.snapshot())
             return done
 
@@ -272,17 +288,18 @@ def _phase_peak() -> float:
 
 
 def _bursts(
-    side: str, label: str, run: Callable[[], tuple[float, int]], count: int, rate: int
+    side: str, label: str, run: Callable[[int], tuple[float, int]], count: int, rate: int
 ) -> list[dict[str, Any]]:
-    """``count`` bursts of concurrent streams (``run()``: wall seconds and samples made),
+    """``count`` bursts of concurrent streams (``run(n)``, burst ``n`` from 0: wall seconds
+    and samples made),
     one after another: each one's wall seconds, audio seconds per second, and page faults
     that found no page (a new page each) and CPU seconds the kernel spent for the process
     (docs/benchmarks.md, "Page faults")."""
     out: list[dict[str, Any]] = []
-    for n in range(1, count + 1):
-        _progress(f"{side}: {label}, burst {n} of {count}")
+    for n in range(count):
+        _progress(f"{side}: {label}, burst {n + 1} of {count}")
         before = _kernel_usage()
-        wall, samples = run()
+        wall, samples = run(n)
         faults, kernel_s = (now - then for now, then in zip(_kernel_usage(), before, strict=True))
         out.append({"wall_s": wall, "audio_s_per_s": samples / rate / wall})
         out[-1] |= {"page_faults": faults, "kernel_s": kernel_s}
