@@ -5,11 +5,12 @@ kernel eagerly: chunks above a (self-adjusting) size threshold are separate mapp
 unmapped when freed, and the arenas of threads other than the main one (the engine runs
 on its own thread) trim their free space back to the kernel and unmap their heaps that
 become wholly free. The next tensor of that size then faults its pages in again, and on a
-virtual machine that hands freed memory back to its host a page fault can cost up to 40 µs (3 µs where the guest reuses a page it has
-just freed). On the 2-core VM of ``docs/benchmarks.md`` a stream's chunks fault in about
-43,000 pages each (1.3-1.9 s in the kernel) on new memory, and 2,500 when the stream
-before it left its memory in the process
-(``docs/results/flow_streaming-reserve.txt``; ``docs/benchmarks.md``, "Page faults").
+virtual machine that hands freed memory back to its host a page fault can cost up to 40 µs
+(3 µs where the guest reuses a page it has just freed). On the 2-core VM of
+``docs/benchmarks.md`` a stream's chunks fault in about 43,000 pages each (1.3-1.9 s in
+the kernel) on new memory, and 2,500 when the stream before it left its memory in the
+process (``docs/results/flow_streaming-reserve.txt``; ``docs/benchmarks.md``, "Page
+faults").
 
 :func:`retain_freed_memory` sets glibc's thresholds so that chunks up to 32 MiB come from
 the arenas and freed arena memory stays in the process (a thread that freed 2 GiB of 1 MiB
