@@ -13,10 +13,9 @@ peak RSS is its own, and measures, after a warm-up (one short non-streaming requ
 one stream of ``--tokens`` tokens of the same voice; every request has a text of its own,
 none repeated, since our LM's prefix cache would serve a repeated text's prefill; on our
 side the stream primes the voice's flow prompt states, as the first stream of a registered
-voice does in a server,
-and leaves memory of a stream's size that the process keeps and reuses, as a server that
-has served a stream does: on this VM a page faulted in for the first time costs up to 40 µs,
-and a process's first stream faults in about 1 GiB):
+voice does in a server, and leaves memory of a stream's size that the process keeps and
+reuses, as a server that has served a stream does: on this VM a page faulted in for the
+first time costs up to 40 µs, and a process's first stream faults in about 1 GiB):
 
 1. non-streaming: wall time of one request;
 2. streaming: time to the first audio of one request (then the rest, to its end);
@@ -290,11 +289,10 @@ def _phase_peak() -> float:
 def _bursts(
     side: str, label: str, run: Callable[[int], tuple[float, int]], count: int, rate: int
 ) -> list[dict[str, Any]]:
-    """``count`` bursts of concurrent streams (``run(n)``, burst ``n`` from 0: wall seconds
-    and samples made),
-    one after another: each one's wall seconds, audio seconds per second, and page faults
-    that found no page (a new page each) and CPU seconds the kernel spent for the process
-    (docs/benchmarks.md, "Page faults")."""
+    """``count`` bursts of concurrent streams, one after another (``run(n)`` runs burst ``n``,
+    from 0, and returns its wall seconds and samples made): each one's wall seconds, audio
+    seconds per second, and page faults that found no page (a new page each) and CPU
+    seconds the kernel spent for the process (docs/benchmarks.md, "Page faults")."""
     out: list[dict[str, Any]] = []
     for n in range(count):
         _progress(f"{side}: {label}, burst {n + 1} of {count}")
