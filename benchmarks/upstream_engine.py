@@ -299,8 +299,14 @@ def _bursts(
         before = _kernel_usage()
         wall, samples = run(n)
         faults, kernel_s = (now - then for now, then in zip(_kernel_usage(), before, strict=True))
-        out.append({"wall_s": wall, "audio_s_per_s": samples / rate / wall})
-        out[-1] |= {"page_faults": faults, "kernel_s": kernel_s}
+        out.append(
+            {
+                "wall_s": wall,
+                "audio_s_per_s": samples / rate / wall,
+                "page_faults": faults,
+                "kernel_s": kernel_s,
+            }
+        )
     return out
 
 
