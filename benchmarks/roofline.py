@@ -13,8 +13,9 @@ stage could take at those peaks:
 - Flow: FLOPs of one non-streaming pass over prompt + tokens (10 Euler steps x 2 CFG rows).
 - HiFT: FLOPs of vocoding the tokens' mel frames.
 
-FLOPs come from ``torch.utils.flop_counter`` (matmuls, convolutions and attention; the
-elementwise work it does not count is small next to them). Peaks are measured here:
+FLOPs come from ``torch.utils.flop_counter`` (matmuls, convolutions and attention, the
+last counted on torch's math backend; the elementwise work it does not count is small
+next to them, but not its time: see ``benchmarks/op_profile.py``). Peaks are measured here:
 large fp32 and bf16 GEMMs, an int8 dynamic-quantized Linear, and streaming reads of a
 1 GiB tensor; the theoretical peak (Zen 4: one 512-bit FMA per cycle per core = 32 fp32 or
 64 bf16 FLOPs per cycle) is printed beside them. With ``--times FILE`` (the JSON of
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from cosyserve.loader import LoadedModel, load_model
@@ -188,10 +190,17 @@ def _achieved(
     )
 
 
-def _flops(fn: Callable[[], object]) -> float:
-    with FlopCounterMode(display=False) as counter:
+def flop_counts(fn: Callable[[], object]) -> dict[str, float]:
+    """FLOPs of ``fn()`` per op (``aten.mm``, ...), attention included: scaled dot-product
+    attention runs its math backend here (batched matmuls), since torch's counter has no
+    formula for the CPU flash kernel and counted it as 0 (the flow's 469 GFLOP)."""
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         fn()
-    return float(counter.get_total_flops())
+    return {str(op): float(flops) for op, flops in counter.get_flop_counts()["Global"].items()}
+
+
+def _flops(fn: Callable[[], object]) -> float:
+    return sum(flop_counts(fn).values())
 
 
 def _best(fn: Callable[[], object], repeats: int = 5) -> float:
