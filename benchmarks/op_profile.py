@@ -14,12 +14,12 @@ time on a thread of its own with the process's torch threads (as the engine runs
 
 Each runs once to warm up, ``--repeats`` times for its wall time (median), once under
 ``torch.profiler`` (times) and once for its FLOPs (``roofline.flop_counts``: matrix
-products, convolutions and attention, the last on torch's math backend, so the LM's
-attention FLOPs land in the batched-matmul row; the profiler's own FLOP counting slows
-the ops it times several-fold). The ops are grouped by kind; each group gets its time inside ops (the
-profiler's self time), its FLOPs and the rate they ran at, against the peaks of
-``benchmarks/roofline.py`` measured in the same process. "outside ops" is the profiled
-wall time spent in no op: Python, dispatch and the profiler's own overhead.
+products, convolutions and attention, the last on torch's math backend; the profiler's
+own FLOP counting slows the ops it times several-fold; int8 Linears have no count).
+The ops are grouped by kind; each group gets its time inside ops (the profiler's self
+time), its FLOPs and the rate they ran at, against the peaks of ``benchmarks/roofline.py``
+measured in the same process. "outside ops" is the profiled wall time spent in no op:
+Python, dispatch and the profiler's own overhead.
 
 ``--compile`` also times one estimator call (both CFG rows, the non-streaming length)
 eager against ``torch.compile`` (inductor, weight freezing, static shapes): the compile
