@@ -85,6 +85,7 @@ def _load_model(
     flow = Flow(hp.flow)
     load_checkpoint(flow, model_dir.flow, flow_checkpoint_table(hp.flow))
     flow.to(precision.torch_device, precision.flow_dtype)
+    flow.fuse_projections_()
     hift = HiFTGenerator(hp.hift)
     load_checkpoint(hift, model_dir.hift, hift_checkpoint_table(hp.hift))
     hift.to(precision.torch_device, precision.hift_dtype)

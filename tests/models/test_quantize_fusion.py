@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from cosyserve.loader import load_model
+from cosyserve.models.linear import stacked_linear
 from cosyserve.models.quantize import ao_quantize_dynamic
-from cosyserve.models.qwen2 import stacked_linear
 
 
 def test_a_stacked_linear_computes_its_parts_concatenated() -> None:

@@ -70,6 +70,15 @@ class Flow(nn.Module):
         frame_unit = math.lcm(cfg.encoder.static_chunk_size * stride, cfg.estimator.static_chunk_size)
         self.stream_block = frame_unit // stride
 
+    def fuse_projections_(self) -> None:
+        """Stack the q/k/v projections of every estimator attention into one Linear
+        (:meth:`SelfAttention.fuse_projections_`): the same outputs from fewer, larger GEMMs.
+        The loader does this once the checkpoint is read (the checkpoint table names the
+        separate projections)."""
+        for module in self.modules():
+            if isinstance(module, SelfAttention):
+                module.fuse_projections_()
+
     @torch.inference_mode()
     def inference(
         self,

@@ -1,0 +1,18 @@
+"""Linear layers computed together."""
+
+import torch
+from torch import nn
+
+
+def stacked_linear(*linears: nn.Linear) -> nn.Linear:
+    """One Linear computing ``linears`` (same input width) at once: their weight rows (and
+    biases, if they have them) stacked, so its output is theirs concatenated."""
+    weight = torch.cat([linear.weight.detach() for linear in linears])
+    biases = [linear.bias for linear in linears]
+    stacked = nn.Linear(weight.shape[1], weight.shape[0], bias=biases[0] is not None, device="meta")
+    stacked.weight = nn.Parameter(weight, requires_grad=False)
+    if stacked.bias is not None:
+        stacked.bias = nn.Parameter(
+            torch.cat([b.detach() for b in biases if b is not None]), requires_grad=False
+        )
+    return stacked
