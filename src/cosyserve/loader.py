@@ -129,6 +129,7 @@ def _load_lm(model_dir: ModelDir, hp: ModelHParams, precision: Precision) -> Cos
     load_checkpoint(lm, model_dir.llm, lm_checkpoint_table(hp.lm))
     lm.to(precision.torch_device)
     quantize_lm_(lm, precision)
+    lm.lay_out_head_for_decode_()
     lm.eval().requires_grad_(False)
     if precision.compile:
         compile_lm_(lm, precision)

@@ -139,6 +139,8 @@ def test_default_load_is_the_float32_cpu_model(models: dict[str, LoadedModel], t
     q_proj = "llm.model.model.layers.1.self_attn.q_proj.weight"
     assert torch.equal(model.lm.qwen.layers[1].self_attn.q_proj.weight, ckpt[q_proj])
     assert torch.equal(model.lm.llm_decoder.bias, ckpt["llm_decoder.bias"])
+    assert torch.equal(model.lm.llm_decoder.weight, ckpt["llm_decoder.weight"])
+    assert model.lm.llm_decoder.weight.t().is_contiguous()  # laid out for decode steps
 
 
 def test_bf16_runs_lm_and_flow_in_bf16_and_keeps_hift_float32(models: dict[str, LoadedModel]) -> None:

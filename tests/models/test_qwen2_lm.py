@@ -1,6 +1,7 @@
 """The native LM on its own: KV cache bookkeeping, incremental decoding against the full
 forward, prompt layout and checkpoint round trips and errors."""
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -249,3 +250,16 @@ def test_missing_tensor_names_file_and_key(lm: CosyVoice2LM, tmp_path: Path) -> 
     torch.save(state, path)
     with pytest.raises(CheckpointError, match=r"llm\.pt: missing 1 tensor\(s\), first: 'llm_decoder\.bias'"):
         load_checkpoint(CosyVoice2LM(CFG), path, lm_checkpoint_table(CFG))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_head_laid_out_for_decode_keeps_its_values(lm: CosyVoice2LM, dtype: torch.dtype) -> None:
+    row_major = copy.deepcopy(lm).to(dtype)
+    laid_out = copy.deepcopy(row_major)
+    laid_out.lay_out_head_for_decode_()
+    weight = laid_out.llm_decoder.weight
+    assert torch.equal(weight, row_major.llm_decoder.weight)
+    # float32 only: other dtypes showed no gain and keep the checkpoint's layout.
+    assert weight.t().is_contiguous() == (dtype == torch.float32)
+    hidden = torch.randn(2, lm.cfg.qwen.hidden_size).to(dtype)
+    torch.testing.assert_close(laid_out.speech_log_probs(hidden), row_major.speech_log_probs(hidden))

@@ -56,6 +56,18 @@ class CosyVoice2LM(nn.Module):
             [sos, self.qwen.embed_tokens(text_ids), task_id, self.speech_embedding(prompt_speech_ids)]
         )
 
+    def lay_out_head_for_decode_(self) -> None:
+        """Store the float32 speech head's weight (6564, H) column-major, the same values.
+
+        ``F.linear`` multiplies by the weight's transpose, which is then contiguous: for the
+        1-2 rows of a decode step torch's CPU float32 kernel reads it about twice as fast
+        as the row-major weight (2.3 -> 1.2 ms at batch 1), and whole decode steps took
+        6 % (batch 1) and 10 % (batch 2) less time, with no loss at batch 8. Other dtypes
+        showed no difference and are left as they are."""
+        weight = self.llm_decoder.weight
+        if weight.dtype == torch.float32 and weight.device.type == "cpu":
+            self.llm_decoder.weight = nn.Parameter(weight.detach().t().contiguous().t(), requires_grad=False)
+
     def speech_log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """Head on final hidden states (..., H): float32 log-probs (..., 6564)."""
         logits: torch.Tensor = self.llm_decoder(hidden)
