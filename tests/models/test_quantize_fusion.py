@@ -10,7 +10,7 @@ from torch import nn
 
 from cosyserve.loader import load_model
 from cosyserve.models.linear import stacked_linear
-from cosyserve.models.quantize import ao_quantize_dynamic
+from cosyserve.models.quantize import Int8DynamicLinear, ao_quantize_dynamic
 
 
 def test_a_stacked_linear_computes_its_parts_concatenated() -> None:
@@ -33,6 +33,8 @@ def test_int8_stacks_projections_and_matches_separate_quantized_linears(tiny_mod
     layer = model.lm.qwen.layers[0]
     assert layer.self_attn.qkv_proj is not None and layer.mlp.gate_up_proj is not None
     assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "gate_proj")
+    linears = [m for m in model.lm.qwen.layers.modules() if isinstance(m, Int8DynamicLinear)]
+    assert len(linears) == 4 * len(model.lm.qwen.layers)  # the op called directly, not ao's module
     # The reference: the float model's Linears quantized one by one, as torch does.
     reference = load_model(tiny_model_dir).lm
     separate = copy.deepcopy(reference.qwen.layers)

@@ -24,6 +24,7 @@ import importlib
 import logging
 import warnings
 from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -40,6 +41,7 @@ _INT8PACK_K_MULTIPLE = 16
 _INT4_GROUP_SIZES = (128, 64, 32)
 
 QuantizeDynamic = Callable[..., nn.Module]
+M = TypeVar("M", bound=nn.Module)
 
 
 def quantize_lm_(lm: CosyVoice2LM, precision: Precision) -> None:
@@ -95,6 +97,48 @@ def int8_dynamic_(layers: nn.ModuleList, quantize_dynamic: QuantizeDynamic) -> N
                 layer.self_attn.fuse_projections_()
                 layer.mlp.fuse_projections_()
             quantize_dynamic(layer, {nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
+            for (parent, name), module in list(_children(layer, _ao_dynamic_linear_type())):
+                setattr(parent, name, Int8DynamicLinear.from_ao(module))
+
+
+class Int8DynamicLinear(nn.Module):
+    """torch's dynamic int8 Linear (``torch.ops.quantized.linear_dynamic`` on packed int8
+    weights per output channel and a float32 bias) without ``torch.ao``'s module around it.
+
+    The same op with the same arguments, so the same outputs. The ao module's ``forward``
+    reaches its packed weights through a submodule and re-checks their dtype on every
+    call; with 96 calls per decode step, calling the op directly made whole steps 6 %
+    faster at batch 1 (3 % at batch 2, none at batch 8), measured steps interleaved in
+    one process.
+    """
+
+    def __init__(self, packed: torch.ScriptObject, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.packed = packed
+        self.in_features = in_features
+        self.out_features = out_features
+
+    @classmethod
+    def from_ao(cls, module: nn.Module) -> "Int8DynamicLinear":
+        """The packed weights of a qint8 ``torch.ao.nn.quantized.dynamic.Linear``, shared."""
+        ao: Any = module  # torch.ao's quantized modules carry no type information
+        if ao._packed_params.dtype != torch.qint8:
+            raise ValueError(f"expected qint8 packed weights, got {ao._packed_params.dtype}")
+        return cls(ao._packed_params._packed_params, int(ao.in_features), int(ao.out_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: (..., in) float32 -> (..., out) float32; the activations are quantized per
+        call, to 7 bits as ``torch.ao`` does on x86 (``reduce_range``)."""
+        y: torch.Tensor = torch.ops.quantized.linear_dynamic(x, self.packed, reduce_range=True)
+        return y
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 dynamic"
+
+
+def _ao_dynamic_linear_type() -> type[nn.Module]:
+    module_type: type[nn.Module] = importlib.import_module("torch.ao.nn.quantized.dynamic").Linear
+    return module_type
 
 
 class Int8WeightOnlyLinear(nn.Module):
@@ -181,7 +225,12 @@ def _torchao_(module: nn.Module, mode: Quantization) -> None:
 
 def _linears(module: nn.Module) -> Iterator[tuple[tuple[nn.Module, str], nn.Linear]]:
     """Every ``nn.Linear`` under ``module`` with (its parent, its attribute name)."""
+    return _children(module, nn.Linear)
+
+
+def _children(module: nn.Module, kind: type[M]) -> Iterator[tuple[tuple[nn.Module, str], M]]:
+    """Every module of type ``kind`` under ``module`` with (its parent, its attribute name)."""
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
+            if isinstance(child, kind):
                 yield (parent, name), child
