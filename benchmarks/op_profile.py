@@ -31,6 +31,7 @@ import json
 import os
 import statistics
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -118,8 +119,7 @@ def workloads(model: LoadedModel, args: argparse.Namespace) -> list[Workload]:
         raise SystemExit(f"--tokens {args.tokens} is too few for a first chunk")
     primed = flow.prime_stream(*voice)
     mel = torch.randn(1, flow.cfg.output_size, flow.token_mel_ratio * args.tokens, generator=gen) - 6.0
-    flow_dtype = "bf16" if model.precision.flow_dtype == torch.bfloat16 else "fp32"
-    lm_dtype = "bf16" if model.precision.lm_dtype == torch.bfloat16 else "fp32"
+    flow_dtype, lm_dtype = _peak_dtype(model.precision.flow_dtype), _peak_dtype(model.precision.lm_dtype)
     return [
         Workload(
             "flow, non-streaming",
@@ -134,6 +134,11 @@ def workloads(model: LoadedModel, args: argparse.Namespace) -> list[Workload]:
         Workload("LM decode step (batch 1)", _decode_step(model, args.prompt + 25), lm_dtype),
         Workload("HiFT", partial(hift.inference, mel, generator=torch.Generator().manual_seed(0)), "fp32"),
     ]
+
+
+def _peak_dtype(dtype: torch.dtype) -> str:
+    """Which measured GEMM peak (``bf16`` or ``fp32``) matmuls in ``dtype`` are held against."""
+    return "bf16" if dtype == torch.bfloat16 else "fp32"
 
 
 def _decode_step(model: LoadedModel, cached: int) -> Callable[[], object]:
@@ -165,16 +170,17 @@ def measure(workload: Workload, repeats: int) -> dict[str, Any]:
         start = time.perf_counter()
         workload.run()
         profiled = time.perf_counter() - start
-    rows: dict[str, dict[str, float]] = {}
+    rows: defaultdict[str, dict[str, float]] = defaultdict(lambda: {"ms": 0.0, "flops": 0.0, "calls": 0})
     for event in prof.key_averages():
-        row = rows.setdefault(_kind(event.key), {"ms": 0.0, "flops": 0.0, "calls": 0})
+        row = rows[_kind(event.key)]
         row["ms"] += event.self_cpu_time_total / 1e3
         row["calls"] += event.count if event.self_cpu_time_total else 0
     for op, flops in flop_counts(workload.run).items():
-        rows.setdefault(_kind(op), {"ms": 0.0, "flops": 0.0, "calls": 0})["flops"] += flops
+        rows[_kind(op)]["flops"] += flops
     inside = sum(row["ms"] for row in rows.values())
-    rows[OUTSIDE] = {"ms": max(0.0, 1e3 * profiled - inside), "flops": 0.0, "calls": 0}
-    return {"wall_s": statistics.median(walls), "walls_s": walls, "profiled_wall_s": profiled, "rows": rows}
+    rows[OUTSIDE]["ms"] = max(0.0, 1e3 * profiled - inside)
+    wall = statistics.median(walls)
+    return {"wall_s": wall, "walls_s": walls, "profiled_wall_s": profiled, "rows": dict(rows)}
 
 
 def _kind(name: str) -> str:
