@@ -90,6 +90,11 @@ class Settings(BaseSettings):
         description="MiB the streams' incremental flow caches may hold together; a stream that "
         "does not fit recomputes each chunk (as flow_cache exact); 0: no bound.",
     )
+    cuda_graphs: bool = Field(
+        True,
+        description="On a CUDA device, replay LM decode steps from CUDA graphs captured at start; "
+        "ignored on CPU.",
+    )
     host: str = Field("127.0.0.1", min_length=1, description="HTTP (and gRPC) listen address.")
     port: int = Field(8000, ge=0, le=65535, description="HTTP port (0: any free port).")
     grpc_port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 disables gRPC.")

@@ -33,6 +33,8 @@ class EngineConfig:
     (0: no bound). Each streamed segment reserves the most its cache can reach (about
     3.3 MiB per mel frame of prompt + tokens on the full model in bf16, growth slack
     included); a segment that does not fit recomputes every chunk as ``"exact"`` does.
+    ``cuda_graphs``: on a CUDA device, replay decode steps from CUDA graphs captured at
+    start (``cosyserve.engine.decode_graphs``); ignored elsewhere.
     """
 
     max_active: int = 16
@@ -44,6 +46,7 @@ class EngineConfig:
     prefix_cache_positions: int = 2048
     flow_prompt_cache_mb: int = 4096
     flow_stream_cache_mb: int = 0
+    cuda_graphs: bool = True
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
 

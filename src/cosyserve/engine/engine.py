@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from cosyserve.engine.config import EngineConfig
+from cosyserve.engine.decode_graphs import Capture, CudaGraphCapture, DecodeGraphs
 from cosyserve.engine.lm_runner import LMRunner, NumericalError
 from cosyserve.engine.request import (
     GenerationSpec,
@@ -53,11 +54,25 @@ class DeviceOutOfMemoryError(CosyserveError):
 class Engine:
     """Continuous batching over the LM and chunked token2wav, one request state per request."""
 
-    def __init__(self, lm: CosyVoice2LM, flow: Flow, hift: HiFTGenerator, config: EngineConfig) -> None:
+    def __init__(
+        self,
+        lm: CosyVoice2LM,
+        flow: Flow,
+        hift: HiFTGenerator,
+        config: EngineConfig,
+        decode_capture: Capture | None = None,
+    ) -> None:
+        """``decode_capture``: how decode steps are captured for replay (see
+        :mod:`cosyserve.engine.decode_graphs`); by default CUDA graphs on a CUDA device if
+        ``config.cuda_graphs``, and eager steps elsewhere."""
         self.config = config
         self.lm_cfg = lm.cfg
+        if decode_capture is None and config.cuda_graphs and torch.device(config.device).type == "cuda":
+            decode_capture = CudaGraphCapture(torch.device(config.device))
+        # Captured steps take one slot more: the padded rows' scratch slot.
+        slots = config.max_active + (0 if decode_capture is None else 1)
         cache = KVCache.for_config(
-            lm.cfg.qwen, config.max_active, config.max_len, dtype=config.dtype, device=config.device
+            lm.cfg.qwen, slots, config.max_len, dtype=config.dtype, device=config.device
         )
         prefix_cache = None
         if config.prefix_cache_positions > 0:
@@ -65,7 +80,11 @@ class Engine:
                 lm.cfg.qwen, config.prefix_cache_positions, dtype=config.dtype, device=config.device
             )
         self.stats = EngineStats()
-        self.lm_runner = LMRunner(lm, cache, self.stats, prefix_cache)
+        decode_graphs = None
+        if decode_capture is not None:
+            decode_graphs = DecodeGraphs.for_engine(lm, cache, decode_capture, config.max_active)
+            logger.info("captured %d decode steps for replay", len(decode_graphs.replays))
+        self.lm_runner = LMRunner(lm, cache, self.stats, prefix_cache, decode_graphs)
         prompt_cache = None
         if config.flow_prompt_cache_mb > 0 and config.flow_cache != "exact":
             prompt_cache = FlowPromptCache(flow, config.flow_prompt_cache_mb << 20)

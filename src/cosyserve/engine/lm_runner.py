@@ -2,6 +2,7 @@
 
 import torch
 
+from cosyserve.engine.decode_graphs import DecodeGraphs
 from cosyserve.engine.request import Phase, Request, SegmentState
 from cosyserve.engine.stats import EngineStats
 from cosyserve.errors import CosyserveError
@@ -23,7 +24,7 @@ class NumericalError(CosyserveError):
 
 class LMRunner:
     """Owns the KV cache (and the prefix cache, if any); runs prefill chunks and batched
-    decode steps."""
+    decode steps, replayed from ``decode_graphs`` when given."""
 
     def __init__(
         self,
@@ -31,11 +32,13 @@ class LMRunner:
         cache: KVCache,
         stats: EngineStats,
         prefix_cache: PrefixCache | None = None,
+        decode_graphs: DecodeGraphs | None = None,
     ) -> None:
         self.lm = lm
         self.cache = cache
         self.stats = stats
         self.prefix_cache = prefix_cache
+        self.decode_graphs = decode_graphs
         self._device = lm.llm_decoder.weight.device
 
     @torch.inference_mode()
@@ -84,10 +87,13 @@ class LMRunner:
         those whose LM output was not finite; they got no token and must be failed (their
         slot holds a position for this step, so they cannot simply go on)."""
         last = torch.tensor([r.lm_state.tokens[-1] for r in requests], dtype=torch.long, device=self._device)
-        slots = [r.slot for r in requests]
-        assert all(slot is not None for slot in slots)
+        slots = [r.slot for r in requests if r.slot is not None]
+        assert len(slots) == len(requests)
         with self.stats.timed("decode"):
-            log_probs = self.lm.decode(last, [s for s in slots if s is not None], self.cache)
+            if self.decode_graphs is None:
+                log_probs = self.lm.decode(last, slots, self.cache)
+            else:
+                log_probs = self.decode_graphs.decode(last, slots)
             failed = self._sample(requests, log_probs)
         self.stats.decode_steps += 1
         self.stats.decoded_tokens += len(requests) - len(failed)

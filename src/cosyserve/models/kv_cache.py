@@ -8,6 +8,7 @@ belongs to a request lives in its slot here, and the slot number lives with the 
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -25,6 +26,27 @@ class SequenceTooLongError(InvalidRequestError):
     """A sequence would grow past the cache's ``max_len`` positions."""
 
     code = "sequence_too_long"
+
+
+class KVStep(Protocol):
+    """What the decoder layers need of a step: where the new tokens sit, what they may
+    see, and a cache to write their keys and values into (:class:`CacheStep`, or the
+    static decode step replayed from CUDA graphs, ``cosyserve.engine.decode_graphs``)."""
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """(B, T) long: the absolute position of each new token."""
+        ...
+
+    @property
+    def mask(self) -> torch.Tensor | None:
+        """(B, 1, T, S) bool, True where a new token may attend to key ``s``; None: all."""
+        ...
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``layer``'s new keys and values (B, T, H_kv, D); return the visible
+        history (B, H_kv, S, D)."""
+        ...
 
 
 @dataclass(frozen=True)

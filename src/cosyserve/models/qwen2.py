@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cosyserve.modeldir.hparams import Qwen2Config
-from cosyserve.models.kv_cache import CacheStep
+from cosyserve.models.kv_cache import KVStep
 from cosyserve.models.linear import stacked_linear
 
 
@@ -108,7 +108,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         mask: torch.Tensor | None,
-        step: CacheStep | None,
+        step: KVStep | None,
     ) -> torch.Tensor:
         """``x``: (B, T, H); ``cos``, ``sin``: from :class:`RotaryEmbedding`. ``mask``:
         (B or 1, 1, T, S) bool, or None when every query sees every key. With ``step`` the
@@ -164,7 +164,7 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         mask: torch.Tensor | None,
-        step: CacheStep | None,
+        step: KVStep | None,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, step)
         out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
@@ -181,12 +181,13 @@ class Qwen2Model(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
 
-    def forward(self, x: torch.Tensor, step: CacheStep | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: KVStep | None = None) -> torch.Tensor:
         """Run input embeddings ``x`` (B, T, H) through the stack; returns (B, T, H) after
         the final norm (Hugging Face's ``hidden_states[-1]``).
 
-        With ``step`` (from :meth:`KVCache.begin` for these B slots and T positions) the
-        tokens continue their slots' sequences; the caller commits the step afterwards.
+        With ``step`` (from :meth:`KVCache.begin` for these B slots and T positions, or
+        another :class:`KVStep`) the tokens continue their slots' sequences; the caller
+        commits the step afterwards.
         Without, each row is a whole sequence starting at position 0 (causal attention).
         """
         t = x.shape[1]

@@ -110,6 +110,7 @@ class ServerRuntime:
                 flow_cache=settings.flow_cache,
                 flow_prompt_cache_mb=settings.flow_prompt_cache_mb,
                 flow_stream_cache_mb=settings.flow_stream_cache_mb,
+                cuda_graphs=settings.cuda_graphs,
             )
             engine = Engine(model.lm, model.flow, model.hift, config)
             self._engine = AsyncEngine(engine, threads=threads)

@@ -1,0 +1,190 @@
+"""Batched LM decode steps replayed from captured graphs: CUDA graphs on a GPU.
+
+A decode step of a 0.5B model is a few hundred small kernels; launched one by one from
+Python, a GPU spends most of the step waiting for the launches. A CUDA graph records
+the launches of one step once and replays them with one call. A graph fixes every shape
+and address, so a captured step works on static buffers:
+
+- the batch is padded up to a captured size (1, 2, 4, ... ``max_batch``); padded rows
+  write their keys and values into a scratch slot of the KV cache that no request gets;
+- the keys are read up to a captured span (128, 256, ... ``max_len`` positions) with a
+  mask computed in the graph from the rows' positions, instead of up to the batch's
+  longest sequence;
+- the host fills the buffers with the step's tokens, slots and positions, replays the
+  graph for (padded batch, span), and reads the log-probs of the real rows.
+
+The KV cache's bookkeeping (which slot holds how many positions) stays on the host, in
+:meth:`KVCache.begin` and :meth:`KVCache.commit` as for an eager step. Prefill stays
+eager: its lengths vary and it runs once per request.
+
+How a graph is captured is a :data:`Capture` passed in: :class:`CudaGraphCapture` on a
+GPU; :func:`eager_capture` replays by running the step again (CPU, where there is no
+graph to record), which checks the static-buffer path against the eager one.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from cosyserve.models.kv_cache import KVCache
+from cosyserve.models.lm import CosyVoice2LM
+
+# Replays one captured step; returns its log-probs buffer (B_padded, V).
+Replay = Callable[[], torch.Tensor]
+Capture = Callable[[Replay], Replay]
+
+_FIRST_SPAN = 128
+
+
+def eager_capture(step: Replay) -> Replay:
+    """No graph: each replay runs ``step`` again, on the same buffers."""
+    return step
+
+
+class CudaGraphCapture:
+    """Records steps as CUDA graphs sharing one memory pool (a replay runs one graph at a
+    time, so their temporaries may share memory)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        with torch.cuda.device(device):
+            self._pool = torch.cuda.graph_pool_handle()
+
+    def __call__(self, step: Replay) -> Replay:
+        with torch.cuda.device(self.device):
+            # Warm up on a side stream first, as torch's CUDA graph docs require (lazy
+            # initialisation, kernel selection), so that the capture records steady work.
+            side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch leaves it untyped
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = step()
+
+        def replay() -> torch.Tensor:
+            graph.replay()
+            return out
+
+        return replay
+
+
+def buckets(limit: int, first: int) -> tuple[int, ...]:
+    """Powers of two from ``first`` below ``limit``, then ``limit``: (1, 2, 4, 6) for 6."""
+    sizes = []
+    size = first
+    while size < limit:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, limit)
+
+
+@dataclass(frozen=True)
+class StaticDecodeStep:
+    """A decode step (one new position per row) on fixed buffers, for graph capture: its
+    shapes depend only on (B, ``span``) and it never reads a value back to the host.
+
+    ``k``, ``v``: the cache's (layers, slots, max_len, H_kv, D); ``slot_index``: (B,)
+    long; ``positions``: (B, 1) long; ``mask``: (B, 1, 1, span) bool, key ``s`` visible to
+    row ``b`` where ``s <= positions[b]``.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    slot_index: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor
+    span: int
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``k``, ``v``: (B, 1, H_kv, D). Returns the rows' first ``span`` keys and values
+        (B, H_kv, span, D), the new ones written in."""
+        cache_k, cache_v = self.k[layer], self.v[layer]  # (slots, max_len, H_kv, D)
+        where = (self.slot_index, self.positions[:, 0])
+        cache_k.index_put_(where, k[:, 0].to(cache_k.dtype))
+        cache_v.index_put_(where, v[:, 0].to(cache_v.dtype))
+        keys = cache_k[self.slot_index, : self.span]  # (B, span, H_kv, D)
+        values = cache_v[self.slot_index, : self.span]
+        return keys.transpose(1, 2), values.transpose(1, 2)
+
+
+class DecodeGraphs:
+    """Captured decode steps of ``lm`` over ``cache``, one per (batch size, span).
+
+    Takes one slot of ``cache`` for good (the padded rows' scratch slot): give the cache
+    one slot more than the requests that may hold one at once.
+    """
+
+    def __init__(
+        self,
+        lm: CosyVoice2LM,
+        cache: KVCache,
+        capture: Capture,
+        batch_sizes: Sequence[int],
+        spans: Sequence[int],
+    ) -> None:
+        if not batch_sizes or list(batch_sizes) != sorted(set(batch_sizes)) or batch_sizes[0] < 1:
+            raise ValueError(f"batch sizes must be distinct, positive and ascending, got {batch_sizes}")
+        if not spans or list(spans) != sorted(set(spans)) or spans[0] < 1 or spans[-1] != cache.max_len:
+            raise ValueError(
+                f"spans must be distinct, ascending and end at max_len {cache.max_len}, got {spans}"
+            )
+        self.lm = lm
+        self.cache = cache
+        self.batch_sizes = tuple(batch_sizes)
+        self.spans = tuple(spans)
+        self.pad_slot = cache.allocate()
+        device = cache.k.device
+        most = self.batch_sizes[-1]
+        # Padded rows: token 0 written at position 0 of the scratch slot, seeing only it.
+        self._tokens = torch.zeros(most, dtype=torch.long, device=device)
+        self._slots = torch.full((most,), self.pad_slot, dtype=torch.long, device=device)
+        self._positions = torch.zeros(most, 1, dtype=torch.long, device=device)
+        self._keys = torch.arange(cache.max_len, device=device)
+        self.replays: dict[tuple[int, int], Replay] = {}
+        with torch.inference_mode():
+            # Largest first: later graphs then fit in the memory the first one pooled.
+            for batch in reversed(self.batch_sizes):
+                for span in reversed(self.spans):
+                    self.replays[batch, span] = capture(partial(self._step, batch, span))
+
+    @classmethod
+    def for_engine(cls, lm: CosyVoice2LM, cache: KVCache, capture: Capture, max_batch: int) -> "DecodeGraphs":
+        """Batch sizes 1, 2, 4, ... ``max_batch``; spans 128, 256, ... the cache's max_len."""
+        spans = buckets(cache.max_len, min(_FIRST_SPAN, cache.max_len))
+        return cls(lm, cache, capture, buckets(max_batch, 1), spans)
+
+    def _step(self, batch: int, span: int) -> torch.Tensor:
+        """The captured work: (batch, V) float32 log-probs of the buffers' first rows."""
+        positions = self._positions[:batch]
+        mask = (self._keys[:span] <= positions)[:, None, None, :]  # (B, 1, 1, span)
+        step = StaticDecodeStep(self.cache.k, self.cache.v, self._slots[:batch], positions, mask, span)
+        hidden = self.lm.qwen(self.lm.speech_embedding(self._tokens[:batch])[:, None], step)  # (B, 1, H)
+        return self.lm.speech_log_probs(hidden[:, 0])
+
+    def decode(self, tokens: torch.Tensor, slots: Sequence[int]) -> torch.Tensor:
+        """:meth:`CosyVoice2LM.decode` by replay: feed ``tokens`` (B,) into ``slots``;
+        returns (B, V) float32 log-probs. B may not exceed the largest batch size."""
+        n = len(slots)
+        if tokens.shape != (n,):
+            raise ValueError(f"tokens {tuple(tokens.shape)} must be ({n},): one per slot")
+        if self.pad_slot in slots:
+            raise ValueError(f"slot {self.pad_slot} is the padding rows' scratch slot")
+        batch = next((b for b in self.batch_sizes if b >= n), None)
+        if batch is None:
+            raise ValueError(f"a decode batch of {n} exceeds the largest captured, {self.batch_sizes[-1]}")
+        step = self.cache.begin(slots, 1)  # checks the slots and lengths; (B, 1) positions
+        span = next(s for s in self.spans if s >= step.span)
+        self._tokens[:n].copy_(tokens)
+        self._slots[:n].copy_(step.slot_index)
+        self._positions[:n].copy_(step.positions)
+        self._tokens[n:batch].zero_()
+        self._slots[n:batch].fill_(self.pad_slot)
+        self._positions[n:batch].zero_()
+        log_probs = self.replays[batch, span]()[:n].clone()
+        self.cache.commit(step)
+        return log_probs

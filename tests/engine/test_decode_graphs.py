@@ -1,0 +1,120 @@
+"""Decode steps replayed from static buffers (``decode_graphs``) against eager steps.
+
+On CPU the steps are "captured" by :func:`eager_capture` (a replay runs the step again on
+the same buffers), which checks everything but the recording itself: padding to a
+captured batch size, the scratch slot, spans and their masks, and the cache's
+bookkeeping. The CUDA test records real CUDA graphs; it runs where a GPU is present.
+"""
+
+import pytest
+import torch
+
+from cosyserve.engine.decode_graphs import DecodeGraphs, buckets, eager_capture
+from cosyserve.engine.engine import Engine
+from cosyserve.loader import LoadedModel
+from cosyserve.modeldir.presets import TINY
+from cosyserve.models.kv_cache import KVCache
+from cosyserve.models.lm import CosyVoice2LM
+from cosyserve.weights.randomize import randomize_
+from tests.engine.helpers import assert_same, make_engine, mixed_specs, run_together
+
+CFG = TINY.lm
+LENGTHS = (5, 9, 14)
+
+
+@pytest.fixture(scope="module")
+def lm() -> CosyVoice2LM:
+    model = CosyVoice2LM(CFG)
+    randomize_(model, torch.Generator().manual_seed(0))
+    return model.eval()
+
+
+def _prefilled(
+    lm: CosyVoice2LM, max_slots: int, max_len: int, device: str = "cpu"
+) -> tuple[KVCache, list[int]]:
+    """A cache whose first slots hold prompts of LENGTHS positions (the same on every call)."""
+    cache = KVCache.for_config(CFG.qwen, max_slots, max_len, device=device)
+    slots = []
+    for seed, length in enumerate(LENGTHS):
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, CFG.speech_token_size, (length,), generator=gen)
+        slot = cache.allocate()
+        lm.prefill(lm.speech_embedding(ids.to(device)), slot, cache)
+        slots.append(slot)
+    return cache, slots
+
+
+def _compare_steps(lm: CosyVoice2LM, device: str, capture: object, steps: int = 9) -> None:
+    """Eager steps on one cache against replayed steps on another with the same prompts:
+    batches of 3 (padded to 4), 1 and 2, the longest sequence growing from a 16-position
+    span into the 32 one."""
+    eager_cache, slots = _prefilled(lm, 3, 32, device)
+    graph_cache, graph_slots = _prefilled(lm, 4, 32, device)  # + the scratch slot
+    assert graph_slots == slots
+    graphs = DecodeGraphs(lm, graph_cache, capture, batch_sizes=(1, 2, 4), spans=(8, 16, 32))  # type: ignore[arg-type]
+    assert graphs.pad_slot not in slots and graph_cache.free_slots == 0
+    gen = torch.Generator().manual_seed(7)
+    for step in range(steps):
+        active = (slots, slots[:1], slots[1:])[step % 3]
+        tokens = torch.randint(0, CFG.speech_token_size, (len(active),), generator=gen).to(device)
+        want = lm.decode(tokens, active, eager_cache)
+        got = graphs.decode(tokens, active)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert max(graph_cache.length(s) for s in slots) > 16  # the span grew past a bucket
+    for slot in slots:
+        length = eager_cache.length(slot)
+        assert graph_cache.length(slot) == length
+        got_kv, want_kv = graph_cache.read(slot, 0, length), eager_cache.read(slot, 0, length)
+        torch.testing.assert_close(got_kv, want_kv, rtol=1e-5, atol=1e-5)
+    assert graph_cache.length(graphs.pad_slot) == 0
+
+
+@torch.inference_mode()
+def test_replayed_steps_match_eager_steps(lm: CosyVoice2LM) -> None:
+    _compare_steps(lm, "cpu", eager_capture)
+
+
+@torch.inference_mode()
+def test_refuses_what_no_graph_fits(lm: CosyVoice2LM) -> None:
+    cache, slots = _prefilled(lm, 4, 32)
+    graphs = DecodeGraphs(lm, cache, eager_capture, batch_sizes=(1, 2), spans=(32,))
+    with pytest.raises(ValueError, match="exceeds the largest captured, 2"):
+        graphs.decode(torch.zeros(3, dtype=torch.long), slots)
+    with pytest.raises(ValueError, match="scratch slot"):
+        graphs.decode(torch.zeros(1, dtype=torch.long), [graphs.pad_slot])
+    with pytest.raises(ValueError, match="one per slot"):
+        graphs.decode(torch.zeros(2, dtype=torch.long), slots[:1])
+    assert [cache.length(s) for s in slots] == list(LENGTHS)  # refused steps changed nothing
+    with pytest.raises(ValueError, match="end at max_len 32"):
+        DecodeGraphs(lm, cache, eager_capture, batch_sizes=(1,), spans=(8, 16))
+    with pytest.raises(ValueError, match="ascending"):
+        DecodeGraphs(lm, cache, eager_capture, batch_sizes=(2, 1), spans=(32,))
+
+
+def test_buckets_double_up_to_the_limit() -> None:
+    assert buckets(8, 1) == (1, 2, 4, 8)
+    assert buckets(6, 1) == (1, 2, 4, 6)
+    assert buckets(1, 1) == (1,)
+    assert buckets(2048, 128) == (128, 256, 512, 1024, 2048)
+
+
+def test_engine_with_replayed_steps_gives_the_same_requests(tiny_model: LoadedModel) -> None:
+    specs = mixed_specs(tiny_model, count=6)
+    eager = make_engine(tiny_model, max_active=4)
+    assert eager.lm_runner.decode_graphs is None  # CPU: no graphs unless asked
+    model = tiny_model
+    replayed = Engine(model.lm, model.flow, model.hift, eager.config, decode_capture=eager_capture)
+    graphs = replayed.lm_runner.decode_graphs
+    assert graphs is not None and graphs.batch_sizes == (1, 2, 4)
+    assert replayed.lm_runner.cache.max_slots == 5
+    assert_same(run_together(replayed, specs), run_together(eager, specs), [s.request_id for s in specs])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@torch.inference_mode()
+def test_cuda_graph_steps_match_eager_steps(lm: CosyVoice2LM) -> None:
+    from cosyserve.engine.decode_graphs import CudaGraphCapture
+
+    device = torch.device("cuda")
+    _compare_steps(lm.to(device), "cuda", CudaGraphCapture(device))
+    lm.to("cpu")
