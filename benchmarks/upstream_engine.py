@@ -196,7 +196,9 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     config = engine_config_for(model, max_active=max(8, args.streams), max_waiting=args.streams)
     if args.flow_cache is not None:
         config = dataclasses.replace(config, flow_cache=args.flow_cache)
-    config = dataclasses.replace(config, flow_stream_cache_mb=args.flow_stream_cache_mb)
+    config = dataclasses.replace(
+        config, flow_stream_cache_mb=args.flow_stream_cache_mb, pretouch_mb=args.pretouch_mb
+    )
     engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config), threads=threads)
     engine.start()
     counter = iter(range(1_000_000))
@@ -249,6 +251,7 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
     # This process's main thread runs torch on one thread; the engine's runs on ``threads``.
     report |= {"flow_cache": config.flow_cache, "flow_stream_cache_mb": config.flow_stream_cache_mb}
+    report |= {"pretouch_mb": config.pretouch_mb}
     report |= {"flow_cache_refusals": engine.engine.stats.flow_cache_refusals, "torch_threads": threads}
     # Where each burst's time went: engine seconds per stage and batch sizes.
     stages = [
@@ -385,6 +388,7 @@ def _run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
     if args.flow_cache is not None:
         command += ["--flow-cache", args.flow_cache]
     command += ["--flow-stream-cache-mb", str(args.flow_stream_cache_mb)]
+    command += ["--pretouch-mb", str(args.pretouch_mb)]
     command += ["--dtype", args.dtype, "--quantize", args.quantize]
     if not args.warm_up:
         command.append("--no-warm-up")
@@ -455,6 +459,12 @@ def main() -> None:
         type=int,
         default=0,
         help="ours only: EngineConfig.flow_stream_cache_mb (default 0: no bound)",
+    )
+    parser.add_argument(
+        "--pretouch-mb",
+        type=int,
+        default=0,
+        help="ours only: EngineConfig.pretouch_mb, memory faulted in at start (default 0: none)",
     )
     parser.add_argument(
         "--dtype",

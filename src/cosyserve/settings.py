@@ -95,6 +95,12 @@ class Settings(BaseSettings):
         description="On a CUDA device, replay LM decode steps from CUDA graphs captured at start; "
         "ignored on CPU.",
     )
+    pretouch_mb: int = Field(
+        0,
+        ge=0,
+        description="MiB of memory the engine faults in at start and keeps, so a first burst of "
+        "streams does not page-fault its caches in (RSS starts that much higher); 0: none.",
+    )
     host: str = Field("127.0.0.1", min_length=1, description="HTTP (and gRPC) listen address.")
     port: int = Field(8000, ge=0, le=65535, description="HTTP port (0: any free port).")
     grpc_port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 disables gRPC.")

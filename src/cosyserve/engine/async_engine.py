@@ -21,7 +21,7 @@ from cosyserve.engine.engine import Engine
 from cosyserve.engine.request import GenerationSpec, StepOutput
 from cosyserve.engine.scheduler import OverloadedError
 from cosyserve.errors import CosyserveError, InvalidRequestError
-from cosyserve.memory import retain_freed_memory
+from cosyserve.memory import pretouch, retain_freed_memory
 from cosyserve.parallelism import pin_torch_threads
 
 logger = logging.getLogger(__name__)
@@ -71,6 +71,7 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._started = threading.Event()
         self.error: BaseException | None = None
 
     @property
@@ -84,6 +85,8 @@ class AsyncEngine:
         retain_freed_memory()
         self._thread = threading.Thread(target=self._run, name="cosyserve-engine", daemon=True)
         self._thread.start()
+        # Back once the thread is ready (its pretouch done, if any) or has died trying.
+        self._started.wait()
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the thread; requests still running are aborted and told so."""
@@ -140,6 +143,9 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             pin_torch_threads(self.threads)
+            if self.engine.config.pretouch_mb:
+                pretouch(self.engine.config.pretouch_mb << 20)
+            self._started.set()
             while True:
                 with self._cond:
                     while not (
@@ -164,6 +170,7 @@ class AsyncEngine:
             )
             self.error = exc
         finally:
+            self._started.set()
             self._fail_all(EngineDeadError("the synthesis engine stopped"))
             with self._cond:
                 self._pending_add.clear()

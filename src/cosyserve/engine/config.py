@@ -35,6 +35,9 @@ class EngineConfig:
     included); a segment that does not fit recomputes every chunk as ``"exact"`` does.
     ``cuda_graphs``: on a CUDA device, replay decode steps from CUDA graphs captured at
     start (``cosyserve.engine.decode_graphs``); ignored elsewhere.
+    ``pretouch_mb``: MiB of memory the engine's thread faults in when it starts and keeps
+    for its tensors (``cosyserve.memory.pretouch``), so that the first burst of streams'
+    flow caches finds it resident; the process's RSS starts that much higher. 0: none.
     """
 
     max_active: int = 16
@@ -47,6 +50,7 @@ class EngineConfig:
     flow_prompt_cache_mb: int = 4096
     flow_stream_cache_mb: int = 0
     cuda_graphs: bool = True
+    pretouch_mb: int = 0
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
 
@@ -60,6 +64,6 @@ class EngineConfig:
             raise ValueError(f"flow_cache must be one of {FLOW_CACHE_MODES}")
         if self.prefix_cache_positions < 0:
             raise ValueError("prefix_cache_positions must not be negative")
-        for name in ("flow_prompt_cache_mb", "flow_stream_cache_mb"):
+        for name in ("flow_prompt_cache_mb", "flow_stream_cache_mb", "pretouch_mb"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")

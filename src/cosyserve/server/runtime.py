@@ -111,10 +111,12 @@ class ServerRuntime:
                 flow_prompt_cache_mb=settings.flow_prompt_cache_mb,
                 flow_stream_cache_mb=settings.flow_stream_cache_mb,
                 cuda_graphs=settings.cuda_graphs,
+                pretouch_mb=settings.pretouch_mb,
             )
             engine = Engine(model.lm, model.flow, model.hift, config)
             self._engine = AsyncEngine(engine, threads=threads)
-            self._engine.start()
+            # Off the event loop: start() waits for the engine thread's pretouch, if any.
+            await asyncio.to_thread(self._engine.start)
             self._voices = await asyncio.to_thread(VoiceStore, settings.voices_db)
             limits = ServiceLimits(
                 max_active=settings.max_active,
