@@ -6,10 +6,12 @@ captured batch size, the scratch slot, spans and their masks, and the cache's
 bookkeeping. The CUDA test records real CUDA graphs; it runs where a GPU is present.
 """
 
+import copy
+
 import pytest
 import torch
 
-from cosyserve.engine.decode_graphs import DecodeGraphs, buckets, eager_capture
+from cosyserve.engine.decode_graphs import Capture, CudaGraphCapture, DecodeGraphs, buckets, eager_capture
 from cosyserve.engine.engine import Engine
 from cosyserve.loader import LoadedModel
 from cosyserve.modeldir.presets import TINY
@@ -44,14 +46,14 @@ def _prefilled(
     return cache, slots
 
 
-def _compare_steps(lm: CosyVoice2LM, device: str, capture: object, steps: int = 9) -> None:
+def _compare_steps(lm: CosyVoice2LM, device: str, capture: Capture, steps: int = 9) -> None:
     """Eager steps on one cache against replayed steps on another with the same prompts:
     batches of 3 (padded to 4), 1 and 2, the longest sequence growing from a 16-position
     span into the 32 one."""
     eager_cache, slots = _prefilled(lm, 3, 32, device)
     graph_cache, graph_slots = _prefilled(lm, 4, 32, device)  # + the scratch slot
     assert graph_slots == slots
-    graphs = DecodeGraphs(lm, graph_cache, capture, batch_sizes=(1, 2, 4), spans=(8, 16, 32))  # type: ignore[arg-type]
+    graphs = DecodeGraphs(lm, graph_cache, capture, batch_sizes=(1, 2, 4), spans=(8, 16, 32))
     assert graphs.pad_slot not in slots and graph_cache.free_slots == 0
     gen = torch.Generator().manual_seed(7)
     for step in range(steps):
@@ -113,8 +115,6 @@ def test_engine_with_replayed_steps_gives_the_same_requests(tiny_model: LoadedMo
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 @torch.inference_mode()
 def test_cuda_graph_steps_match_eager_steps(lm: CosyVoice2LM) -> None:
-    from cosyserve.engine.decode_graphs import CudaGraphCapture
-
     device = torch.device("cuda")
-    _compare_steps(lm.to(device), "cuda", CudaGraphCapture(device))
-    lm.to("cpu")
+    # A copy: the module's fixture stays on the CPU for the other tests, pass or fail.
+    _compare_steps(copy.deepcopy(lm).to(device), "cuda", CudaGraphCapture(device))
