@@ -3,8 +3,12 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from cosyserve.modeldir.generate import init_model_dir
+from cosyserve.modeldir.presets import TINY
+from cosyserve.models.lm import CosyVoice2LM
+from cosyserve.weights.randomize import randomize_
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -29,3 +33,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("models") / "tiny"
     init_model_dir(path, "tiny", seed=0)
     return path
+
+
+@pytest.fixture(scope="module")
+def lm() -> CosyVoice2LM:
+    """The tiny preset's LM with random weights (seed 0), in eval mode: one per test module,
+    so a module that changes it leaves the others' alone."""
+    model = CosyVoice2LM(TINY.lm)
+    randomize_(model, torch.Generator().manual_seed(0))
+    return model.eval()

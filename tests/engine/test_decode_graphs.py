@@ -17,18 +17,10 @@ from cosyserve.loader import LoadedModel
 from cosyserve.modeldir.presets import TINY
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM
-from cosyserve.weights.randomize import randomize_
 from tests.engine.helpers import assert_same, make_engine, mixed_specs, run_together
 
 CFG = TINY.lm
 LENGTHS = (5, 9, 14)
-
-
-@pytest.fixture(scope="module")
-def lm() -> CosyVoice2LM:
-    model = CosyVoice2LM(CFG)
-    randomize_(model, torch.Generator().manual_seed(0))
-    return model.eval()
 
 
 def _prefilled(

@@ -8,6 +8,7 @@ belongs to a request lives in its slot here, and the slot number lives with the 
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 import torch
@@ -56,10 +57,7 @@ class CacheStep:
     A decode step is B sequences with T = 1; a prefill (or prefill chunk) is one
     sequence with T positions continuing whatever that slot already holds.
     ``positions``: (B, T) long, the absolute position of each new token. ``span``: S, the
-    longest length of the batch after the step. ``mask``: (B, 1, T, S) bool, True where a
-    new token may attend to cache position ``s < S``; None when every token may attend to
-    all S (one new token per sequence, all of the same length: every batch-1 decode step),
-    which spares the attention kernel a mask.
+    longest length of the batch after the step.
     """
 
     cache: "KVCache"
@@ -69,7 +67,18 @@ class CacheStep:
     slot_index: torch.Tensor
     positions: torch.Tensor
     span: int
-    mask: torch.Tensor | None
+
+    @cached_property
+    def mask(self) -> torch.Tensor | None:
+        """(B, 1, T, S) bool, True where a new token may attend to cache position ``s < S``;
+        None when every token may attend to all S (one new token per sequence, all of the
+        same length: every batch-1 decode step), which spares the attention kernel a mask.
+        Built when first read: a step replayed from a captured graph computes its own."""
+        if self.num_new == 1 and len(set(self.starts)) == 1:
+            return None
+        keys = torch.arange(self.span, device=self.positions.device)
+        visible = keys[None, None, :] <= self.positions[:, :, None]  # (B, T, S): causal per sequence
+        return visible[:, None]  # (B, 1, T, S): one mask for every head
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the new keys and values of ``layer``, return the whole visible history.
@@ -222,12 +231,6 @@ class KVCache:
         device = self.k.device
         start_t = torch.tensor(starts, dtype=torch.long, device=device)
         positions = start_t[:, None] + torch.arange(num_new, device=device)  # (B, T)
-        span = max(starts) + num_new
-        mask = None
-        if num_new > 1 or len(set(starts)) > 1:
-            keys = torch.arange(span, device=device)
-            visible = keys[None, None, :] <= positions[:, :, None]  # (B, T, S): causal per sequence
-            mask = visible[:, None]  # (B, 1, T, S): one mask for every head
         return CacheStep(
             cache=self,
             slots=tuple(slots),
@@ -235,8 +238,7 @@ class KVCache:
             num_new=num_new,
             slot_index=torch.tensor(list(slots), dtype=torch.long, device=device),
             positions=positions,
-            span=span,
-            mask=mask,
+            span=max(starts) + num_new,
         )
 
     def commit(self, step: CacheStep) -> None:
