@@ -28,7 +28,7 @@ from functools import partial
 
 import torch
 
-from cosyserve.models.kv_cache import KVCache
+from cosyserve.models.kv_cache import KVCache, causal_mask
 from cosyserve.models.lm import CosyVoice2LM
 
 # Replays one captured step; returns its log-probs buffer (B_padded, V).
@@ -161,7 +161,7 @@ class DecodeGraphs:
     def _step(self, batch: int, span: int) -> torch.Tensor:
         """The captured work: (batch, V) float32 log-probs of the buffers' first rows."""
         positions = self._positions[:batch]
-        mask = (self._keys[:span] <= positions)[:, None, None, :]  # (B, 1, 1, span)
+        mask = causal_mask(positions, self._keys[:span])  # (B, 1, 1, span)
         step = StaticDecodeStep(self.cache.k, self.cache.v, self._slots[:batch], positions, mask, span)
         hidden = self.lm.qwen(self.lm.speech_embedding(self._tokens[:batch])[:, None], step)  # (B, 1, H)
         return self.lm.speech_log_probs(hidden[:, 0])

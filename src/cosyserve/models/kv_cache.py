@@ -50,6 +50,14 @@ class KVStep(Protocol):
         ...
 
 
+def causal_mask(positions: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, S) bool, one mask for every head: True where the new token at
+    ``positions`` (B, T) may attend to the key at cache position ``keys`` (S,), i.e. at
+    or before its own position in its own sequence."""
+    visible = keys[None, None, :] <= positions[:, :, None]  # (B, T, S)
+    return visible[:, None]
+
+
 @dataclass(frozen=True)
 class CacheStep:
     """One forward step in which each of B slots appends the same number T of positions.
@@ -76,9 +84,7 @@ class CacheStep:
         Built when first read: a step replayed from a captured graph computes its own."""
         if self.num_new == 1 and len(set(self.starts)) == 1:
             return None
-        keys = torch.arange(self.span, device=self.positions.device)
-        visible = keys[None, None, :] <= self.positions[:, :, None]  # (B, T, S): causal per sequence
-        return visible[:, None]  # (B, 1, T, S): one mask for every head
+        return causal_mask(self.positions, torch.arange(self.span, device=self.positions.device))
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the new keys and values of ``layer``, return the whole visible history.
