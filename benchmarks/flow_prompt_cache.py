@@ -7,12 +7,21 @@ Without ``--model-dir`` a random flow of ``--size`` (default full). A ``--prompt
 voice prompt, then the first chunk of a stream (prompt + first hop padded to a block
 boundary as upstream, or ``--first-hop`` tokens) through ``Flow.stream``, ``--repeats``
 times each: from an empty cache ("cold"), and from a fork of the primed cache ("primed").
-Priming itself (once per voice, a cache miss) is timed too. Prints wall and CPU seconds
-(CPU: all threads of the process, steadier on a shared machine) per run, their medians,
-the primed prefix and its memory, and max |mel difference| between the two first chunks.
+Priming itself (once per voice, a cache miss) is timed too, and the first chunk from a
+fork of the voice primed whole (``Flow.prime_stream``'s ``whole``: its last block's
+look-ahead past the prompt read as zeros; "whole"). Prints wall and CPU seconds (CPU: all
+threads of the process, steadier on a shared machine) per run, their medians, the primed
+prefixes and their memory, and max |mel difference| between the cold and primed first
+chunks.
+
+Then what priming whole changes in the audio: a stream of ``--stream-tokens`` tokens from
+each primed cache, chunk by chunk, as max and mean |mel difference| per chunk, and at each
+seam between chunks the change in the jump from the last frame of one chunk to the first
+of the next (how much the whole-primed stream's seams differ from the exact stream's).
 """
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -45,6 +54,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=75, help="prompt speech tokens (75: 3 s)")
     parser.add_argument("--first-hop", type=int, help="first chunk's new tokens (default: upstream's)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--stream-tokens", type=int, default=150, help="tokens of the compared streams")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
@@ -73,11 +83,13 @@ def main() -> None:
         return flow.stream(cache, tokens, *voice, chunk.offset, chunk.finalize)
 
     primed = flow.prime_stream(*voice)  # a warm-up as well
+    whole = flow.prime_stream(*voice, whole=True)
     mels = {"cold": first_chunk(flow.new_stream_cache()), "primed": first_chunk(primed.fork())}
-    runs: dict[str, list[tuple[float, float]]] = {"cold": [], "prime": [], "primed": []}
+    runs: dict[str, list[tuple[float, float]]] = {"cold": [], "prime": [], "primed": [], "whole": []}
     print(
         f"prompt {args.prompt} tokens, first chunk {chunk.token_end} tokens; "
-        f"primed prefix {primed.tokens} tokens, {primed.nbytes() / 2**20:.1f} MiB",
+        f"primed prefix {primed.tokens} tokens, {primed.nbytes() / 2**20:.1f} MiB; "
+        f"whole {whole.tokens} tokens, {whole.nbytes() / 2**20:.1f} MiB",
         flush=True,
     )
     print("run  kind     wall_s   cpu_s  load1", flush=True)
@@ -86,6 +98,7 @@ def main() -> None:
             ("cold", lambda: first_chunk(flow.new_stream_cache())),
             ("prime", lambda: flow.prime_stream(*voice)),
             ("primed", lambda: first_chunk(primed.fork())),
+            ("whole", lambda: first_chunk(whole.fork())),
         ):
             load = os.getloadavg()[0]
             wall, cpu = timed(call)
@@ -104,8 +117,13 @@ def main() -> None:
         print(f"median {kind:<7} {row['median_wall_s']:>7.3f} {row['median_cpu_s']:>7.2f}")
     cold, warm = summary["cold"]["median_cpu_s"], summary["primed"]["median_cpu_s"]
     print(f"first chunk CPU primed/cold: {warm / cold:.2f}; max |mel difference| {diff:.2e}")
+    deviation = whole_deviation(flow, voice, (primed, whole), args, gen)
+    print(json.dumps(deviation, indent=2), flush=True)
     if args.json:
         result = {
+            "whole_tokens": whole.tokens,
+            "whole_bytes": whole.nbytes(),
+            "whole_deviation": deviation,
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "first_chunk_tokens": chunk.token_end,
             "primed_tokens": primed.tokens,
@@ -115,6 +133,43 @@ def main() -> None:
             "max_abs_mel_diff": diff,
         }
         args.json.write_text(json.dumps(result, indent=2))
+
+
+def whole_deviation(
+    flow: Flow,
+    voice: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    caches: tuple[FlowStreamCache, FlowStreamCache],
+    args: argparse.Namespace,
+    gen: torch.Generator,
+) -> dict[str, object]:
+    """A stream from each primed cache (exact, whole), chunk by chunk: per chunk max and
+    mean |mel difference|, per seam |change of the jump across it|, the exact stream's std."""
+    tokens = torch.randint(0, flow.cfg.vocab_size, (1, args.stream_tokens), generator=gen)
+    streams: list[list[torch.Tensor]] = [[], []]
+    for primed, chunks in zip(caches, streams, strict=True):
+        cache = primed.fork()
+        schedule = ChunkSchedule(
+            args.prompt, hop=flow.cfg.encoder.static_chunk_size, lookahead=flow.cfg.pre_lookahead_len,
+            first_hop=args.first_hop,
+        )  # fmt: skip
+        for available in range(1, args.stream_tokens + 1):
+            step = schedule.next_chunk(available, finished=available == args.stream_tokens)
+            if step is not None:
+                mel = flow.stream(cache, tokens[:, : step.token_end], *voice, step.offset, step.finalize)
+                chunks.append(mel)
+    exact, whole = streams
+    jumps = [
+        [float((b[:, :, 0] - a[:, :, -1]).abs().max()) for a, b in itertools.pairwise(chunks)]
+        for chunks in streams
+    ]
+    return {
+        "chunk_frames": [int(m.shape[2]) for m in exact],
+        "max_abs": [float((a - b).abs().max()) for a, b in zip(whole, exact, strict=True)],
+        "mean_abs": [float((a - b).abs().mean()) for a, b in zip(whole, exact, strict=True)],
+        "seam_jump_change": [abs(w - e) for w, e in zip(jumps[1], jumps[0], strict=True)],
+        "seam_jump_exact": jumps[0],
+        "exact_std": float(torch.cat(exact, dim=2).std()),
+    }
 
 
 if __name__ == "__main__":

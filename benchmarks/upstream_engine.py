@@ -197,7 +197,10 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     if args.flow_cache is not None:
         config = dataclasses.replace(config, flow_cache=args.flow_cache)
     config = dataclasses.replace(
-        config, flow_stream_cache_mb=args.flow_stream_cache_mb, pretouch_mb=args.pretouch_mb
+        config,
+        flow_stream_cache_mb=args.flow_stream_cache_mb,
+        pretouch_mb=args.pretouch_mb,
+        flow_prompt_whole=args.flow_prompt_whole,
     )
     engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config), threads=threads)
     engine.start()
@@ -251,7 +254,7 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
     # This process's main thread runs torch on one thread; the engine's runs on ``threads``.
     report |= {"flow_cache": config.flow_cache, "flow_stream_cache_mb": config.flow_stream_cache_mb}
-    report |= {"pretouch_mb": config.pretouch_mb}
+    report |= {"pretouch_mb": config.pretouch_mb, "flow_prompt_whole": config.flow_prompt_whole}
     report |= {"flow_cache_refusals": engine.engine.stats.flow_cache_refusals, "torch_threads": threads}
     # Where each burst's time went: engine seconds per stage and batch sizes.
     stages = [
@@ -389,6 +392,8 @@ def _run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
         command += ["--flow-cache", args.flow_cache]
     command += ["--flow-stream-cache-mb", str(args.flow_stream_cache_mb)]
     command += ["--pretouch-mb", str(args.pretouch_mb)]
+    if args.flow_prompt_whole:
+        command.append("--flow-prompt-whole")
     command += ["--dtype", args.dtype, "--quantize", args.quantize]
     if not args.warm_up:
         command.append("--no-warm-up")
@@ -465,6 +470,11 @@ def main() -> None:
         type=int,
         default=0,
         help="ours only: EngineConfig.pretouch_mb, memory faulted in at start (default 0: none)",
+    )
+    parser.add_argument(
+        "--flow-prompt-whole",
+        action="store_true",
+        help="ours only: EngineConfig.flow_prompt_whole (prime voice prompts through their last block)",
     )
     parser.add_argument(
         "--dtype",

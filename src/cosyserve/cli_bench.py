@@ -77,6 +77,13 @@ def bench_engine(
             show_default=False,
         ),
     ] = None,
+    flow_prompt_whole: Annotated[
+        bool,
+        typer.Option(
+            "--flow-prompt-whole",
+            help="Prime the voice prompt through its last block (EngineConfig.flow_prompt_whole).",
+        ),
+    ] = False,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
     dtype: Annotated[Dtype, dtype_option()] = Dtype.FP32,
     quantize: Annotated[Quantization, quantize_option()] = Quantization.NONE,
@@ -106,6 +113,7 @@ def bench_engine(
         seed=seed,
         first_hop=first_hop,
         flow_cache=None if flow_cache is None else flow_cache.value,
+        flow_prompt_whole=flow_prompt_whole,
         warm_up=warm_up,
     )
     if threads is not None:

@@ -83,6 +83,7 @@ class Facts:
     """What :func:`gather` found. None: not installed / not known.
 
     ``torch_cuda``: the CUDA version torch was built for (None: a CPU build).
+    ``cpu_bf16``: the CPU has bfloat16 matrix instructions (AVX512-BF16 or AMX).
     ``driver_cuda``: the newest CUDA the installed NVIDIA driver supports.
     ``cuda_error``: why a CUDA build of torch sees no device.
     ``unusable_formats``: response formats whose encoder fails here.
@@ -97,6 +98,7 @@ class Facts:
     platform: str
     torch_version: str | None
     torch_cuda: str | None
+    cpu_bf16: bool
     gpus: tuple[Gpu, ...]
     cuda_error: str | None
     driver_version: str | None
@@ -251,6 +253,13 @@ def _precision(f: Facts, plan: Plan) -> Check:
             return Check(
                 "precision", Status.FAIL, detail, "fp16 and int4 run on CUDA only; use bf16 or int8 on CPU"
             )
+        if plan.dtype == "bf16" and not f.cpu_bf16:
+            return Check(
+                "precision",
+                Status.WARN,
+                detail + "; this CPU has no bfloat16 instructions (AVX512-BF16 or AMX)",
+                "bf16 matmuls are emulated here, about 100x slower than fp32: use --dtype fp32",
+            )
         return Check("precision", Status.OK, detail)
     gpu = max(f.gpus, key=lambda g: g.free_bytes)
     if plan.dtype == "bf16" and gpu.capability < (8, 0):
@@ -368,6 +377,7 @@ def gather(model_dir: Path, host: str, ports: list[tuple[str, int]], *, verify_h
         platform=platform.platform(),
         torch_version=torch_version,
         torch_cuda=torch_cuda,
+        cpu_bf16=_cpu_bf16(),
         gpus=gpus,
         cuda_error=cuda_error,
         driver_version=driver_version,
@@ -405,6 +415,14 @@ def _torch_facts() -> tuple[str | None, str | None, tuple[Gpu, ...], str | None]
         free, total = torch.cuda.mem_get_info(index)
         gpus.append(Gpu(props.name, (props.major, props.minor), total, free))
     return torch.__version__, cuda, tuple(gpus), None
+
+
+def _cpu_bf16() -> bool:
+    try:
+        from cosyserve.models.precision import native_cpu_bf16
+    except ImportError:  # no torch: nothing can run, which the torch check reports
+        return False
+    return native_cpu_bf16()
 
 
 def _nvidia_smi() -> tuple[str | None, str | None]:

@@ -84,6 +84,11 @@ class Settings(BaseSettings):
         ge=0,
         description="MiB of voices' primed flow prompt states kept for streaming first chunks; 0: none.",
     )
+    flow_prompt_whole: bool = Field(
+        False,
+        description="Prime voice prompts through their last block, its look-ahead read as zeros: "
+        "shorter streaming first chunks, audio slightly different from upstream's.",
+    )
     flow_stream_cache_mb: int = Field(
         0,
         ge=0,

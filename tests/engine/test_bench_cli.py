@@ -37,6 +37,17 @@ def test_bench_engine_reports_every_level(tiny_model_dir: Path, tmp_path: Path) 
     assert len(rows) == 1 + 2 and rows[1].startswith("| 1 | 1 |") and rows[2].startswith("| 3 | 3 |")
 
 
+def test_bench_engine_can_prime_the_voice_prompt_whole(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out_json = tmp_path / "bench.json"
+    args = ["bench", "engine", "--model-dir", str(tiny_model_dir), "--tokens", "12", "--concurrency", "1"]
+    args += ["--stream", "--first-hop", "5", "--prompt-seconds", "1.0", "--rounds", "1", "--no-progress"]
+    result = CliRunner().invoke(app, [*args, "--flow-prompt-whole", "--json", str(out_json)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out_json.read_text())
+    assert report["options"]["flow_prompt_whole"] is True and report["flow_cache"] == "incremental"
+    assert "voice prompt primed whole" in result.stdout
+
+
 def test_bench_engine_rejects_bad_levels(tiny_model_dir: Path) -> None:
     result = CliRunner().invoke(
         app, ["bench", "engine", "--model-dir", str(tiny_model_dir), "--concurrency", "2,x"]

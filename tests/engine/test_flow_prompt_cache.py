@@ -1,6 +1,7 @@
 """The engine's flow prompt cache: streams start from their voice's primed prompt, with
 the same audio as without it, and a voice is primed once."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,8 +14,10 @@ from cosyserve.models.flow.stream_cache import FlowStreamCache
 from tests.engine.helpers import assert_same, run_together
 
 
-def _engine(model: LoadedModel, mode: FlowCacheMode, megabytes: int) -> Engine:
-    config = EngineConfig(max_active=1, flow_cache=mode, flow_prompt_cache_mb=megabytes)
+def _engine(model: LoadedModel, mode: FlowCacheMode, megabytes: int, whole: bool = False) -> Engine:
+    config = EngineConfig(
+        max_active=1, flow_cache=mode, flow_prompt_cache_mb=megabytes, flow_prompt_whole=whole
+    )
     return Engine(model.lm, model.flow, model.hift, config)
 
 
@@ -55,6 +58,26 @@ def test_the_same_audio_with_and_without_the_prompt_cache(
     assert cache is not None
     # Voices 0 and 1 primed once each; the second stream of voice 0 is a hit.
     assert (cache.stats.misses, cache.stats.hits, len(cache)) == (2, 1, 2)
+
+
+def test_whole_prompt_priming_changes_only_streams_whose_prompt_block_looks_past_the_prompt(
+    tiny_model: LoadedModel,
+) -> None:
+    specs = _specs(tiny_model)
+    want = run_together(_engine(tiny_model, "incremental", 64), specs)
+    engine = _engine(tiny_model, "incremental", 64, whole=True)
+    got = run_together(engine, specs)
+    # Voices 0 and 1 (55 and 31 prompt tokens) have their look-ahead inside the prompt:
+    # the same prefix either way. Voice 2 (27 tokens) now has its first block primed, its
+    # look-ahead past the prompt read as zeros: the same tokens, slightly different audio.
+    assert_same(got, want, ["req-0", "req-1", "req-2", "req-4"])
+    changed, reference = got["req-3"], want["req-3"]
+    assert changed.tokens == reference.tokens and changed.audio.shape == reference.audio.shape
+    difference = float(np.abs(changed.audio - reference.audio).max())
+    assert 1e-4 < difference < float(np.abs(reference.audio).max())
+    cache = engine.flow_prompt_cache
+    assert cache is not None and cache.whole
+    assert (cache.stats.misses, cache.stats.hits, len(cache)) == (3, 1, 3)
 
 
 def test_exact_mode_has_no_prompt_cache(tiny_model: LoadedModel) -> None:

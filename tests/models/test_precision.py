@@ -16,7 +16,7 @@ from torch import nn
 from cosyserve.engine.config import EngineConfig
 from cosyserve.errors import CosyserveError
 from cosyserve.loader import LoadedModel, load_model
-from cosyserve.models import quantize
+from cosyserve.models import precision, quantize
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.precision import Dtype, Precision, PrecisionError, Quantization, require_torchao
 from cosyserve.models.quantize import Int8WeightOnlyLinear, int4_group_size
@@ -117,6 +117,20 @@ def test_compile_is_refused_for_a_quantized_lm() -> None:
 def test_cuda_without_a_gpu_is_refused() -> None:
     with pytest.raises(PrecisionError, match=r"CUDA is not available.*--device cpu"):
         Precision.resolve(dtype="bf16", device="cuda")
+
+
+@pytest.mark.parametrize(
+    ("native", "dtype", "warned"), [(False, "bf16", True), (True, "bf16", False), (False, "fp32", False)]
+)
+def test_bf16_on_a_cpu_without_bf16_instructions_warns(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, native: bool, dtype: str, warned: bool
+) -> None:
+    monkeypatch.setattr(precision, "native_cpu_bf16", lambda: native)
+    with caplog.at_level(logging.WARNING, logger=precision.__name__):
+        resolved = Precision.resolve(dtype=dtype)
+    assert resolved.dtype == dtype  # still allowed: slow, not wrong
+    messages = [r.getMessage() for r in caplog.records if r.name == precision.__name__]
+    assert any("without bfloat16 instructions" in m and "--dtype fp32" in m for m in messages) is warned
 
 
 def test_missing_torchao_gives_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,6 +25,7 @@ def good(tmp_path: Path) -> Facts:
         platform="Linux-6.8-x86_64",
         torch_version="2.13.0+cu128",
         torch_cuda="12.8",
+        cpu_bf16=True,
         gpus=(H100,),
         cuda_error=None,
         driver_version="570.86.15",
@@ -65,6 +66,8 @@ def test_a_healthy_gpu_server_is_all_ok(good: Facts) -> None:
         ({"gpus": (T4,)}, Plan(dtype="bf16"), "precision", Status.FAIL),  # no bf16 before Ampere
         ({"gpus": (dataclasses.replace(H100, free_bytes=2 * GIB),)}, Plan(), "precision", Status.FAIL),
         ({"gpus": ()}, Plan(dtype="fp16"), "precision", Status.FAIL),  # fp16 is CUDA only
+        ({"gpus": (), "cpu_bf16": False}, Plan(dtype="bf16"), "precision", Status.WARN),  # emulated bf16
+        ({"gpus": ()}, Plan(dtype="bf16"), "precision", Status.OK),  # AVX512-BF16 or AMX
         ({"python": (3, 10, 12)}, Plan(), "python", Status.FAIL),
         ({"torch_version": "2.11.0+cu128"}, Plan(), "torch", Status.WARN),
         ({"onnxruntime_providers": ("CUDAExecutionProvider",)}, Plan(), "onnxruntime", Status.FAIL),

@@ -34,7 +34,8 @@ WARM_UP_TOKENS = 30
 @dataclass(frozen=True)
 class BenchOptions:
     """What to run. ``first_hop``: tokens in a stream's first chunk (None: upstream's);
-    ``flow_cache``: the engine's streaming flow mode (None: the engine's default)."""
+    ``flow_cache``: the engine's streaming flow mode (None: the engine's default);
+    ``flow_prompt_whole``: ``EngineConfig.flow_prompt_whole``."""
 
     tokens: int = 150
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -44,6 +45,7 @@ class BenchOptions:
     seed: int = 0
     first_hop: int | None = None
     flow_cache: FlowCacheMode | None = None
+    flow_prompt_whole: bool = False
     warm_up: bool = True
 
     def __post_init__(self) -> None:
@@ -132,6 +134,7 @@ def run_engine_bench(
     config = engine_config_for(model, max_active=top, max_waiting=top)
     if options.flow_cache is not None:
         config = dataclasses.replace(config, flow_cache=options.flow_cache)
+    config = dataclasses.replace(config, flow_prompt_whole=options.flow_prompt_whole)
     engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config), threads=threads)
     report = BenchReport(
         model_dir=str(model.model_dir.root),

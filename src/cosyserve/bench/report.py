@@ -24,7 +24,8 @@ def report_markdown(report: BenchReport) -> str:
     lines = [
         f"Engine benchmark: `{report.model_dir}`, {mode}, {opts.tokens} forced speech tokens "
         f"({opts.tokens / 25:.2f} s of audio) per request, {opts.prompt_seconds:g} s synthetic prompt, "
-        f"{opts.rounds} rounds per level; flow cache {report.flow_cache}; "
+        f"{opts.rounds} rounds per level; flow cache {report.flow_cache}"
+        f"{', voice prompt primed whole' if opts.flow_prompt_whole else ''}; "
         f"precision {report.precision.describe()}, KV cache {report.kv_cache_dtype}; "
         f"torch threads {report.torch_threads} of {report.cpu_count} CPUs; load average before: {load}.",
         "",

@@ -29,6 +29,12 @@ class EngineConfig:
     stream's first chunk skips the prompt (``"cached"``/``"incremental"`` only; 0 disables
     it). A 3 s prompt primes 100 mel frames, about 440 MiB in fp32 on the full model (220 MiB
     in bf16/fp16): the default holds 8 such voices in fp32.
+    ``flow_prompt_whole``: prime every whole block of a voice prompt, the last block's
+    look-ahead past the prompt read as zeros (``Flow.prime_stream``'s ``whole``): when a
+    prompt ends on or just after a block boundary (a 3 s prompt does), a stream's first
+    chunk no longer recomputes the prompt's last block (10 frames instead of 60), at the
+    cost of a small deviation from upstream, largest in the first chunk
+    (``docs/streaming-flow.md``). Needs the prompt cache.
     ``flow_stream_cache_mb``: MiB the streams' incremental flow caches may hold together
     (0: no bound). Each streamed segment reserves the most its cache can reach (about
     3.3 MiB per mel frame of prompt + tokens on the full model in bf16, growth slack
@@ -48,6 +54,7 @@ class EngineConfig:
     flow_cache: FlowCacheMode = "incremental"
     prefix_cache_positions: int = 2048
     flow_prompt_cache_mb: int = 4096
+    flow_prompt_whole: bool = False
     flow_stream_cache_mb: int = 0
     cuda_graphs: bool = True
     pretouch_mb: int = 0

@@ -87,7 +87,7 @@ class Engine:
         self.lm_runner = LMRunner(lm, cache, self.stats, prefix_cache, decode_graphs)
         prompt_cache = None
         if config.flow_prompt_cache_mb > 0 and config.flow_cache != "exact":
-            prompt_cache = FlowPromptCache(flow, config.flow_prompt_cache_mb << 20)
+            prompt_cache = FlowPromptCache(flow, config.flow_prompt_cache_mb << 20, config.flow_prompt_whole)
         self.token2wav = Token2Wav(
             flow,
             hift,

@@ -109,6 +109,7 @@ class ServerRuntime:
                 max_waiting=settings.max_queued,
                 flow_cache=settings.flow_cache,
                 flow_prompt_cache_mb=settings.flow_prompt_cache_mb,
+                flow_prompt_whole=settings.flow_prompt_whole,
                 flow_stream_cache_mb=settings.flow_stream_cache_mb,
                 cuda_graphs=settings.cuda_graphs,
                 pretouch_mb=settings.pretouch_mb,

@@ -107,6 +107,45 @@ def test_voice_prefix(flow: Flow) -> None:
     assert flow.voice_prefix(200, 60) == 25
 
 
+def test_whole_voice_prefix_takes_every_whole_block_of_the_prompt(flow: Flow) -> None:
+    cases = {(0, 0): 0, (24, 48): 0, (25, 50): 25, (27, 54): 25, (50, 100): 50, (53, 106): 50}
+    for (tokens, frames), prefix in cases.items():
+        assert flow.voice_prefix(tokens, frames, whole=True) == prefix
+    assert flow.voice_prefix(200, 60, whole=True) == 25  # still within the prompt's mel
+
+
+@pytest.mark.parametrize(("prompt", "first_hop"), [(53, None), (79, 6)])
+def test_whole_priming_is_exact_when_the_look_ahead_stays_in_the_prompt(
+    flow: Flow, prompt: int, first_hop: int | None
+) -> None:
+    voice = Voice(prompt, 60, seed=200 + prompt)
+    primed = flow.prime_stream(voice.prompt_token, voice.prompt_feat, voice.embedding, whole=True)
+    assert primed.tokens == flow.voice_prefix(prompt, 2 * prompt)
+    want = _stream(flow, voice, flow.new_stream_cache(), first_hop)
+    got = _stream(flow, voice, primed.fork(), first_hop)
+    assert all(float((a - b).abs().max()) <= _TOL for a, b in zip(got, want, strict=True))
+
+
+def test_whole_priming_leaves_the_first_chunk_only_its_own_frames(flow: Flow) -> None:
+    voice = Voice(50, 60, seed=5)  # ends on a block boundary, as a 3 s prompt of 75 does
+    primed = flow.prime_stream(voice.prompt_token, voice.prompt_feat, voice.embedding, whole=True)
+    assert primed.tokens == 50
+    chunks = list(voice.chunks(5))
+    widths: list[int] = []
+    hook = flow.cfm.estimator.register_forward_hook(lambda _m, args, _out: widths.append(args[0].shape[2]))
+    try:
+        got = [voice.incremental(flow, cache, chunk) for cache in [primed.fork()] for chunk in chunks]
+    finally:
+        hook.remove()
+    assert widths[: len(primed.steps)] == [2 * 5] * len(primed.steps)  # not 2 * (25 + 5)
+    want = _stream(flow, voice, flow.new_stream_cache(), 5)
+    # The prompt's last block saw zeros, not the first 3 tokens, as look-ahead: every chunk
+    # differs a little (it attends to that block), and no more than the output's own scale.
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape
+        assert 0 < float((a - b).abs().mean()) < 0.5 * float(b.abs().mean())
+
+
 def test_prime_stream_checks_its_inputs(flow: Flow) -> None:
     voice = Voice(40, 1, seed=4)
     with pytest.raises(InvalidRequestError, match="vocabulary"):

@@ -173,14 +173,19 @@ class Flow(nn.Module):
         mel = self._extend(cache, tokens, prompt_feat, embedding, total, committed, finalize)
         return mel[:, :, first_frame - ratio * start :]
 
-    def voice_prefix(self, prompt_tokens: int, prompt_frames: int) -> int:
+    def voice_prefix(self, prompt_tokens: int, prompt_frames: int, whole: bool = False) -> int:
         """Prompt tokens whose streaming states are the same for every stream of the voice.
 
         A block's positions see the tokens up to the end of their block plus the
         look-ahead, so whole blocks of ``stream_block`` tokens followed by
         ``pre_lookahead_len`` more prompt tokens depend on the voice alone. The prefix also
-        stays within the prompt's ``prompt_frames`` mel frames, which no stream emits."""
-        usable = min(prompt_tokens - self.pre_lookahead_len, prompt_frames // self.token_mel_ratio)
+        stays within the prompt's ``prompt_frames`` mel frames, which no stream emits.
+
+        ``whole``: every whole block of the prompt, the last one's look-ahead past the
+        prompt read as zeros instead of the stream's first generated tokens (see
+        :meth:`prime_stream`)."""
+        reach = 0 if whole else self.pre_lookahead_len
+        usable = min(prompt_tokens - reach, prompt_frames // self.token_mel_ratio)
         return max(0, usable) // self.stream_block * self.stream_block
 
     def stream_cache_bytes(self, tokens: int) -> int:
@@ -197,19 +202,31 @@ class Flow(nn.Module):
         return self.speaker_proj.weight.element_size() * (per_token * tokens + per_frame * frames)
 
     @torch.inference_mode()
-    def prime_stream(self, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor) -> FlowStreamCache:
+    def prime_stream(
+        self, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor, whole: bool = False
+    ) -> FlowStreamCache:
         """A stream cache holding the voice's :meth:`voice_prefix` (possibly nothing), for
         :meth:`FlowStreamCache.fork` to start each stream of the voice from: :meth:`stream`
         then computes only the positions after it, with the same output as from an empty
-        cache. Arguments as for :meth:`inference`."""
+        cache. Arguments as for :meth:`inference`.
+
+        ``whole``: prime every whole block of the prompt. When the prompt's last block
+        looks ahead past the prompt (fewer than ``pre_lookahead_len`` prompt tokens after
+        it), its states are computed once with zeros for the look-ahead, as at the end of
+        an utterance, instead of being recomputed in every stream's first chunk with that
+        stream's first tokens. The first chunk then computes only its own frames (a 3 s
+        prompt: 10 frames instead of 60), and every stream of the voice deviates slightly
+        from upstream, most in its first chunk (``docs/streaming-flow.md``)."""
         cache = self.new_stream_cache()
-        prefix = self.voice_prefix(prompt_token.shape[1], prompt_feat.shape[1])
+        prefix = self.voice_prefix(prompt_token.shape[1], prompt_feat.shape[1], whole)
         if prefix == 0:
             return cache
-        # The prefix, with the prompt tokens after it as look-ahead context.
+        # The prefix, with the prompt tokens after it as look-ahead context (fewer only
+        # when ``whole``: the encoder reads zeros past them).
         tokens = prompt_token[:, : prefix + self.pre_lookahead_len]
         prompt_feat = prompt_feat[:, : self.token_mel_ratio * prefix]
-        self._check_inputs(tokens[:, :0], tokens, prompt_feat, embedding, finalize=False)
+        short = tokens.shape[1] < prefix + self.pre_lookahead_len
+        self._check_inputs(tokens[:, :0], tokens, prompt_feat, embedding, finalize=short)
         self._extend(cache, tokens, prompt_feat, embedding, prefix, prefix, finalize=False)
         return cache
 

@@ -33,11 +33,14 @@ class FlowPromptCache:
     """Primed stream caches of up to ``max_bytes`` bytes, least recently used voice first
     out. Not thread-safe: one per engine, used on the engine thread only."""
 
-    def __init__(self, flow: Flow, max_bytes: int) -> None:
+    def __init__(self, flow: Flow, max_bytes: int, whole: bool = False) -> None:
+        """``whole``: prime every whole block of a prompt (``Flow.prime_stream``'s
+        ``whole``): shorter first chunks, slightly different audio."""
         if max_bytes < 1:
             raise ValueError("a flow prompt cache needs a positive size")
         self.flow = flow
         self.max_bytes = max_bytes
+        self.whole = whole
         self.stats = FlowPromptCacheStats()
         self._primed: OrderedDict[bytes, FlowStreamCache] = OrderedDict()
         self._nbytes = 0
@@ -57,7 +60,7 @@ class FlowPromptCache:
 
         The voice, on any device: ``prompt_token`` ``(P,)`` int, ``prompt_feat``
         ``(P_mel, 80)`` log-mel, ``embedding`` ``(spk_embed_dim,)``."""
-        if self.flow.voice_prefix(prompt_token.shape[0], prompt_feat.shape[0]) == 0:
+        if self.flow.voice_prefix(prompt_token.shape[0], prompt_feat.shape[0], self.whole) == 0:
             return self.flow.new_stream_cache()  # nothing to share: no key, no counts
         key = self._key(prompt_token, prompt_feat, embedding)
         primed = self._primed.get(key)
@@ -67,8 +70,8 @@ class FlowPromptCache:
             return primed.fork()
         self.stats.misses += 1
         device = self.flow.speaker_proj.weight.device
-        voice = (t.to(device)[None] for t in (prompt_token, prompt_feat, embedding))
-        primed = self.flow.prime_stream(*voice)
+        token, feat, speaker = (t.to(device)[None] for t in (prompt_token, prompt_feat, embedding))
+        primed = self.flow.prime_stream(token, feat, speaker, whole=self.whole)
         self._store(key, primed)
         return primed.fork()
 
