@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -21,7 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from cosyserve.engine.flow_cache_mode import FlowCacheMode
+from cosyserve.engine.flow_cache_mode import FlowCacheMode, flow_prompt_whole_problem
 from cosyserve.errors import CosyserveError
 from cosyserve.models.precision_choices import Dtype, Quantization
 from cosyserve.paths import cache_dir, default_model_dir
@@ -213,6 +213,15 @@ class Settings(BaseSettings):
     )
     audio_cache_ttl_s: float = Field(3600.0, gt=0, description="Seconds an audio cache entry is served.")
 
+    @model_validator(mode="after")
+    def _whole_prompt_needs_the_prompt_cache(self) -> "Settings":
+        problem = flow_prompt_whole_problem(
+            self.flow_prompt_whole, self.flow_cache, self.flow_prompt_cache_mb
+        )
+        if problem:
+            raise ValueError(problem)
+        return self
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -257,6 +266,8 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
         where = f" in {path}" if path is not None else ""
         return f"unknown setting {name!r}{where}"
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    if not first["loc"]:  # a check across settings (a model validator)
+        return f"invalid settings: {first['msg'].removeprefix('Value error, ')}{more}"
     return f"invalid setting {name}: {first['msg']}{more}"
 
 

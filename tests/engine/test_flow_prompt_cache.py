@@ -80,6 +80,12 @@ def test_whole_prompt_priming_changes_only_streams_whose_prompt_block_looks_past
     assert (cache.stats.misses, cache.stats.hits, len(cache)) == (3, 1, 3)
 
 
+@pytest.mark.parametrize("settings", [{"flow_cache": "exact"}, {"flow_prompt_cache_mb": 0}])
+def test_whole_prompt_priming_without_a_prompt_cache_is_refused(settings: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="flow_prompt_whole needs the flow prompt cache"):
+        EngineConfig(flow_prompt_whole=True, **settings)  # type: ignore[arg-type]
+
+
 def test_exact_mode_has_no_prompt_cache(tiny_model: LoadedModel) -> None:
     engine = _engine(tiny_model, "exact", 64)
     assert engine.flow_prompt_cache is None

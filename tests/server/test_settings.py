@@ -57,6 +57,14 @@ def test_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         ({"flow_cache": "sometimes"}, "invalid setting flow_cache"),
         ({"flow_prompt_cache_mb": -1}, "invalid setting flow_prompt_cache_mb"),
         ({"flow_stream_cache_mb": -1}, "invalid setting flow_stream_cache_mb"),
+        (
+            {"flow_prompt_whole": True, "flow_cache": "exact"},
+            "^invalid settings: flow_prompt_whole needs the",
+        ),
+        (
+            {"flow_prompt_whole": True, "flow_prompt_cache_mb": 0},
+            "^invalid settings: flow_prompt_whole needs the",
+        ),
     ],
 )
 def test_invalid_values(overrides: dict[str, object], message: str) -> None:

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cosyserve.engine.flow_cache_mode import FLOW_CACHE_MODES, FlowCacheMode
+from cosyserve.engine.flow_cache_mode import FLOW_CACHE_MODES, FlowCacheMode, flow_prompt_whole_problem
 
 __all__ = ["FLOW_CACHE_MODES", "EngineConfig", "FlowCacheMode"]
 
@@ -74,3 +74,8 @@ class EngineConfig:
         for name in ("flow_prompt_cache_mb", "flow_stream_cache_mb", "pretouch_mb"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
+        problem = flow_prompt_whole_problem(
+            self.flow_prompt_whole, self.flow_cache, self.flow_prompt_cache_mb
+        )
+        if problem:
+            raise ValueError(problem)
