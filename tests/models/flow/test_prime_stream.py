@@ -130,11 +130,11 @@ def test_whole_priming_leaves_the_first_chunk_only_its_own_frames(flow: Flow) ->
     voice = Voice(50, 60, seed=5)  # ends on a block boundary, as a 3 s prompt of 75 does
     primed = flow.prime_stream(voice.prompt_token, voice.prompt_feat, voice.embedding, whole=True)
     assert primed.tokens == 50
-    chunks = list(voice.chunks(5))
+    cache = primed.fork()
     widths: list[int] = []
     hook = flow.cfm.estimator.register_forward_hook(lambda _m, args, _out: widths.append(args[0].shape[2]))
     try:
-        got = [voice.incremental(flow, cache, chunk) for cache in [primed.fork()] for chunk in chunks]
+        got = [voice.incremental(flow, cache, chunk) for chunk in voice.chunks(5)]
     finally:
         hook.remove()
     assert widths[: len(primed.steps)] == [2 * 5] * len(primed.steps)  # not 2 * (25 + 5)
