@@ -68,13 +68,7 @@ def main() -> None:
     prompt_token = torch.randint(0, vocab, (1, args.prompt), generator=gen)
     prompt_feat = torch.randn(1, 2 * args.prompt, flow.cfg.output_size, generator=gen)
     embedding = torch.randn(1, flow.cfg.spk_embed_dim, generator=gen)
-    schedule = ChunkSchedule(
-        args.prompt,
-        hop=flow.cfg.encoder.static_chunk_size,
-        lookahead=flow.cfg.pre_lookahead_len,
-        first_hop=args.first_hop,
-    )
-    chunk = schedule.next_chunk(10**6, finished=False)
+    chunk = chunk_schedule(flow, args).next_chunk(10**6, finished=False)
     assert chunk is not None
     tokens = torch.randint(0, vocab, (1, chunk.token_end), generator=gen)
     voice = (prompt_token, prompt_feat, embedding)
@@ -135,6 +129,16 @@ def main() -> None:
         args.json.write_text(json.dumps(result, indent=2))
 
 
+def chunk_schedule(flow: Flow, args: argparse.Namespace) -> ChunkSchedule:
+    """A stream's chunks after the ``--prompt``-token prompt, the first of ``--first-hop``."""
+    return ChunkSchedule(
+        args.prompt,
+        hop=flow.cfg.encoder.static_chunk_size,
+        lookahead=flow.cfg.pre_lookahead_len,
+        first_hop=args.first_hop,
+    )
+
+
 def whole_deviation(
     flow: Flow,
     voice: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
@@ -147,11 +151,7 @@ def whole_deviation(
     tokens = torch.randint(0, flow.cfg.vocab_size, (1, args.stream_tokens), generator=gen)
     streams: list[list[torch.Tensor]] = [[], []]
     for primed, chunks in zip(caches, streams, strict=True):
-        cache = primed.fork()
-        schedule = ChunkSchedule(
-            args.prompt, hop=flow.cfg.encoder.static_chunk_size, lookahead=flow.cfg.pre_lookahead_len,
-            first_hop=args.first_hop,
-        )  # fmt: skip
+        cache, schedule = primed.fork(), chunk_schedule(flow, args)
         for available in range(1, args.stream_tokens + 1):
             step = schedule.next_chunk(available, finished=available == args.stream_tokens)
             if step is not None:
