@@ -3,8 +3,9 @@
     cosyserve model init /tmp/cv2-full --size full --seed 0      # once, 3.3 GB
     python benchmarks/precision_quality.py /tmp/cv2-full --out /tmp/precision.json
 
-Each setting (``DTYPE[+QUANT][+compile]``, e.g. ``fp32``, ``bf16``, ``fp32+int8``,
-``bf16+compile``) is loaded in a fresh process, so load time (with compilation and its
+Each setting (``DTYPE[+QUANT][+flow-fp16][+compile]``, e.g. ``fp32``, ``bf16``,
+``fp32+int8``, ``fp32+int8+flow-fp16``, ``bf16+compile``; ``flow-fp16`` is
+``flow_quantize = fp16``) is loaded in a fresh process, so load time (with compilation and its
 warm-up) and peak RSS are its own, and runs the same fixed inputs:
 
 - LM, teacher-forced over ``--text`` random text ids + ``--prompt`` prompt speech tokens +
@@ -48,7 +49,8 @@ from cosyserve.loader import LoadedModel, load_model
 from cosyserve.models.hift.generator import HiFTGenerator
 from cosyserve.models.kv_cache import KVCache
 
-DEFAULT_SETTINGS = "fp32,bf16,fp32+int8,fp32+int8wo,bf16+int8"
+DEFAULT_SETTINGS = "fp32,bf16,fp32+int8,fp32+int8wo,bf16+int8,fp32+flow-fp16"
+FLOW_FP16 = "flow-fp16"
 INPUT_SEED = 1234
 _T = TypeVar("_T")
 
@@ -93,12 +95,14 @@ def main() -> None:
     print(_markdown(results))
 
 
-def parse_setting(setting: str) -> tuple[str, str, bool]:
-    """``bf16+int8`` -> ("bf16", "int8", False); ``fp32+compile`` -> ("fp32", "none", True)."""
+def parse_setting(setting: str) -> tuple[str, str, bool, str]:
+    """``bf16+int8`` -> ("bf16", "int8", False, "none"); ``fp32+compile`` -> ("fp32", "none",
+    True, "none"); ``fp32+flow-fp16`` -> ("fp32", "none", False, "fp16")."""
     dtype, *extras = setting.split("+")
     compile_lm = "compile" in extras
-    quantize = [extra for extra in extras if extra != "compile"]
-    return dtype, quantize[0] if quantize else "none", compile_lm
+    flow_quantize = "fp16" if FLOW_FP16 in extras else "none"
+    quantize = [extra for extra in extras if extra not in ("compile", FLOW_FP16)]
+    return dtype, quantize[0] if quantize else "none", compile_lm, flow_quantize
 
 
 def _spawn(args: argparse.Namespace, setting: str, workdir: Path) -> dict[str, Any]:
@@ -113,12 +117,14 @@ def _spawn(args: argparse.Namespace, setting: str, workdir: Path) -> dict[str, A
 
 def run_setting(args: argparse.Namespace, setting: str, workdir: Path) -> dict[str, Any]:
     """Load one setting, run the fixed inputs, save outputs under ``workdir``, return timings."""
-    dtype, quantize, compile_lm = parse_setting(setting)
+    dtype, quantize, compile_lm, flow_quantize = parse_setting(setting)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     load_avg_before = os.getloadavg()[0]
     start = time.perf_counter()
-    model = load_model(args.model_dir, dtype=dtype, quantize=quantize, compile=compile_lm)
+    model = load_model(
+        args.model_dir, dtype=dtype, quantize=quantize, compile=compile_lm, flow_quantize=flow_quantize
+    )
     load_s = time.perf_counter() - start
     load_peak_mb = _peak_rss_mb()
     load_anon_mb = _anon_rss_mb()

@@ -33,9 +33,9 @@ first time costs up to 40 µs, and a process's first stream faults in about 1 Gi
 Upstream is the test-only reference (``cosyvoice-minicpmo``), built by
 ``tests/pipeline/upstream_model.py`` with the stand-ins of ``tests/upstream.py``; it runs in
 fp32 on CPU with its own sampling (global RNG), so its tokens differ from ours; only the
-amount of work is the same. ``--dtype`` and ``--quantize`` load our side in that precision
-(its KV cache follows); upstream stays fp32. The report ends with the ratios against issue
-4's targets.
+amount of work is the same. ``--dtype``, ``--quantize`` and ``--flow-quantize`` load our
+side in that precision (its KV cache follows); upstream stays fp32. The report ends with
+the ratios against issue 4's targets.
 """
 
 import argparse
@@ -62,7 +62,7 @@ if str(REPO) not in sys.path:  # tests/ (the upstream stand-ins) is not an insta
 from cosyserve.bench.engine_bench import peak_rss_mb, reset_peak_rss  # noqa: E402
 from cosyserve.bench.workload import synthetic_text_ids, synthetic_voice  # noqa: E402
 from cosyserve.modeldir.layout import ModelDir  # noqa: E402
-from cosyserve.models.precision_choices import Dtype, Quantization  # noqa: E402
+from cosyserve.models.precision_choices import Dtype, FlowQuantization, Quantization  # noqa: E402
 from cosyserve.pipeline.voice import VoicePrompt  # noqa: E402
 
 WARM_UP_TOKENS = 10
@@ -191,7 +191,9 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     threads = hand_over_threads()  # as the server's event loop: model work on the engine's thread only
     voice, texts, rate = workload(model_dir, args)
     start = time.perf_counter()
-    model = load_model(model_dir, dtype=args.dtype, quantize=args.quantize, threads=threads)
+    model = load_model(
+        model_dir, dtype=args.dtype, quantize=args.quantize, flow_quantize=args.flow_quantize, threads=threads
+    )
     load_s = time.perf_counter() - start
     config = engine_config_for(model, max_active=max(8, args.streams), max_waiting=args.streams)
     if args.flow_cache is not None:
@@ -394,7 +396,7 @@ def _run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
     command += ["--pretouch-mb", str(args.pretouch_mb)]
     if args.flow_prompt_whole:
         command.append("--flow-prompt-whole")
-    command += ["--dtype", args.dtype, "--quantize", args.quantize]
+    command += ["--dtype", args.dtype, "--quantize", args.quantize, "--flow-quantize", args.flow_quantize]
     if not args.warm_up:
         command.append("--no-warm-up")
     load_before = os.getloadavg()
@@ -488,6 +490,12 @@ def main() -> None:
         default=Quantization.NONE.value,
         help="ours only: LM weight quantization (upstream: none)",
     )
+    parser.add_argument(
+        "--flow-quantize",
+        choices=[q.value for q in FlowQuantization],
+        default=FlowQuantization.NONE.value,
+        help="ours only: flow estimator weights (upstream: fp32)",
+    )
     parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
     parser.add_argument("--sides", default="upstream,ours", help="comma-separated: upstream, ours")
     parser.add_argument("--json", type=Path, default=None, help="write the reports and ratios here")
@@ -507,7 +515,8 @@ def main() -> None:
     ratios = _ratios(reports) if len(reports) == 2 else None
     print(
         f"{args.tokens} tokens ({args.tokens / 25:.2f} s of audio) per request, {args.streams} streams, "
-        f"{args.prompt_seconds:g} s prompt; ours {args.dtype}/{args.quantize}, upstream fp32; "
+        f"{args.prompt_seconds:g} s prompt; ours {args.dtype}/{args.quantize} "
+        f"(flow weights {args.flow_quantize}), upstream fp32; "
         f"/proc/loadavg before: {uptime}"
     )
     print(_table(reports, ratios), end="")

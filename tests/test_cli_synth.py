@@ -309,6 +309,11 @@ def test_missing_model_dir_says_how_to_make_one(tmp_path: Path) -> None:
     [
         (["--dtype", "bf16"], "bf16/none on cpu (lm bfloat16, flow bfloat16, hift float32)", "bfloat16"),
         (["--quantize", "int8"], "fp32/int8 on cpu (lm float32, flow float32, hift float32)", "float32"),
+        (
+            ["--flow-quantize", "fp16"],
+            "fp32/none on cpu (lm float32, flow float32 with fp16 weights, hift float32)",
+            "float32",
+        ),
     ],
 )
 def test_precision_flags(
@@ -333,6 +338,11 @@ def test_precision_flags(
             "on CPU use --quantize int8",
         ),
         (["--dtype", "fp8"], "error: Invalid value for '--dtype'", "'fp32', 'bf16', 'fp16'"),
+        (
+            ["--dtype", "bf16", "--flow-quantize", "fp16"],
+            "error: flow_quantize fp16 stores the float32 flow's weights, but the flow runs in bf16",
+            "use --dtype fp32 or --flow-quantize none",
+        ),
     ],
 )
 def test_precision_this_machine_cannot_run_is_one_line(

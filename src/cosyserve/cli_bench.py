@@ -8,8 +8,8 @@ from typing import Annotated, TypeVar
 
 import typer
 
-from cosyserve.cli_precision import device_option, dtype_option, quantize_option
-from cosyserve.models.precision_choices import Dtype, Quantization
+from cosyserve.cli_precision import device_option, dtype_option, flow_quantize_option, quantize_option
+from cosyserve.models.precision_choices import Dtype, FlowQuantization, Quantization
 from cosyserve.paths import default_model_dir, require_model_dir
 
 
@@ -87,6 +87,7 @@ def bench_engine(
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
     dtype: Annotated[Dtype, dtype_option()] = Dtype.FP32,
     quantize: Annotated[Quantization, quantize_option()] = Quantization.NONE,
+    flow_quantize: Annotated[FlowQuantization, flow_quantize_option()] = FlowQuantization.NONE,
     device: Annotated[str, device_option()] = "cpu",
     seed: Annotated[int, typer.Option(min=0, help="Seed of the prompt, texts and sampling.")] = 0,
     warm_up: Annotated[bool, typer.Option(help="Run one short request before measuring.")] = True,
@@ -119,7 +120,11 @@ def bench_engine(
     if threads is not None:
         torch.set_num_threads(threads)
     model = load_model(
-        require_model_dir(model_dir or default_model_dir()), dtype=dtype, quantize=quantize, device=device
+        require_model_dir(model_dir or default_model_dir()),
+        dtype=dtype,
+        quantize=quantize,
+        device=device,
+        flow_quantize=flow_quantize,
     )
     report = _with_progress(
         levels, lambda c: rounds * c, progress, lambda advance: run_engine_bench(model, options, advance)

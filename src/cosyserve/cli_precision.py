@@ -1,9 +1,9 @@
 """The precision options shared by ``serve``, ``synth`` and ``bench engine``.
 
-Their choices are the :class:`Dtype` and :class:`Quantization` enums themselves (defined
-without torch, so ``--help`` stays fast). ``serve`` declares them optional, so that a
-missing flag leaves the setting to the environment or config file; the other commands
-default to the float32 CPU model. Each call makes a fresh option for one parameter.
+Their choices are the :class:`Dtype`, :class:`Quantization` and :class:`FlowQuantization`
+enums themselves (defined without torch, so ``--help`` stays fast). ``serve`` declares them
+optional, so that a missing flag leaves the setting to the environment or config file; the
+other commands default to the float32 CPU model. Each call makes a fresh option for one parameter.
 """
 
 from typing import Any
@@ -17,6 +17,10 @@ def dtype_option() -> Any:
 
 def quantize_option() -> Any:
     return typer.Option(help="LM weight quantization; int4 needs CUDA.")
+
+
+def flow_quantize_option() -> Any:
+    return typer.Option(help="Flow estimator weights: fp16 stores them half-size (CPU, fp32 flow).")
 
 
 def device_option() -> Any:

@@ -13,8 +13,8 @@ from typing import Annotated
 
 import typer
 
-from cosyserve.cli_precision import device_option, dtype_option, quantize_option
-from cosyserve.models.precision_choices import Dtype, Quantization
+from cosyserve.cli_precision import device_option, dtype_option, flow_quantize_option, quantize_option
+from cosyserve.models.precision_choices import Dtype, FlowQuantization, Quantization
 
 
 def register(app: typer.Typer) -> None:
@@ -53,6 +53,7 @@ def serve(
     ] = None,
     dtype: Annotated[Dtype | None, dtype_option()] = None,
     quantize: Annotated[Quantization | None, quantize_option()] = None,
+    flow_quantize: Annotated[FlowQuantization | None, flow_quantize_option()] = None,
     device: Annotated[str | None, device_option()] = None,
     compile: Annotated[
         bool | None,
@@ -85,11 +86,14 @@ def serve(
         auth_mode=auth_mode,
         dtype=dtype,
         quantize=quantize,
+        flow_quantize=flow_quantize,
         device=device,
         compile=compile,
     )
     require_model_dir(settings.model_dir)  # a wrong path fails here, in one line
     # So does a precision this machine cannot run (e.g. fp16 on CPU), before any worker starts.
-    Precision.resolve(settings.dtype, settings.quantize, settings.device, settings.compile)
+    Precision.resolve(
+        settings.dtype, settings.quantize, settings.device, settings.compile, settings.flow_quantize
+    )
 
     run(settings)

@@ -24,9 +24,9 @@ from typer._click.core import Context  # typer 0.29 vendors click and re-exports
 from typer._click.exceptions import UsageError
 from typer.core import TyperCommand
 
-from cosyserve.cli_precision import device_option, dtype_option, quantize_option
+from cosyserve.cli_precision import device_option, dtype_option, flow_quantize_option, quantize_option
 from cosyserve.errors import InvalidRequestError, PromptAudioError
-from cosyserve.models.precision_choices import Dtype, Quantization
+from cosyserve.models.precision_choices import Dtype, FlowQuantization, Quantization
 from cosyserve.paths import default_model_dir, require_model_dir
 from cosyserve.synth_report import StageCounters, SynthReport
 
@@ -103,6 +103,7 @@ class Job:
     first_hop: int | None
     dtype: Dtype
     quantize: Quantization
+    flow_quantize: FlowQuantization
     device: str
 
 
@@ -164,6 +165,7 @@ def synth(
     ] = None,
     dtype: Annotated[Dtype, dtype_option()] = Dtype.FP32,
     quantize: Annotated[Quantization, quantize_option()] = Quantization.NONE,
+    flow_quantize: Annotated[FlowQuantization, flow_quantize_option()] = FlowQuantization.NONE,
     device: Annotated[str, device_option()] = "cpu",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
@@ -206,6 +208,7 @@ def synth(
         first_hop=first_hop,
         dtype=dtype,
         quantize=quantize,
+        flow_quantize=flow_quantize,
         device=device,
     )
     report = run(root, job, output)
@@ -259,7 +262,9 @@ def run(root: Path, job: Job, output: Path) -> SynthReport:
         raise InvalidRequestError("--speed is only supported without --stream")
 
     start = time.perf_counter()
-    synth = Synthesizer.from_model_dir(root, dtype=job.dtype, quantize=job.quantize, device=job.device)
+    synth = Synthesizer.from_model_dir(
+        root, dtype=job.dtype, quantize=job.quantize, device=job.device, flow_quantize=job.flow_quantize
+    )
     model_load_s = time.perf_counter() - start
     max_len = synth.engine.config.max_len
     if job.max_tokens is not None and job.max_tokens > max_len:

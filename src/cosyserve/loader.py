@@ -16,8 +16,8 @@ from cosyserve.models.flow.flow import Flow, flow_checkpoint_table
 from cosyserve.models.hift.generator import HiFTGenerator, hift_checkpoint_table
 from cosyserve.models.lm import CosyVoice2LM, lm_checkpoint_table
 from cosyserve.models.lm_compile import compile_lm_
-from cosyserve.models.precision import Dtype, Precision, Quantization
-from cosyserve.models.quantize import quantize_lm_
+from cosyserve.models.precision import Dtype, FlowQuantization, Precision, Quantization
+from cosyserve.models.quantize import fp16_weights_, quantize_lm_
 from cosyserve.parallelism import call_on_own_thread
 from cosyserve.text_tokenizer import TextTokenizer
 from cosyserve.weights.checkpoint import load_checkpoint
@@ -52,11 +52,12 @@ def load_model(
     quantize: Quantization | str = Quantization.NONE,
     device: str = "cpu",
     compile: bool = False,
+    flow_quantize: FlowQuantization | str = FlowQuantization.NONE,
     threads: int | None = None,
 ) -> LoadedModel:
     """Validate and load the model directory at ``path`` in eval mode.
 
-    ``dtype``, ``quantize``, ``device`` and ``compile`` select the precision (see
+    ``dtype``, ``quantize``, ``device``, ``compile`` and ``flow_quantize`` select the precision (see
     :class:`~cosyserve.models.precision.Precision`; the defaults give the float32 CPU
     model). Raises :class:`~cosyserve.models.precision.PrecisionError` for a setting this
     machine cannot run, before reading any weights, and
@@ -68,16 +69,12 @@ def load_model(
     :mod:`cosyserve.parallelism` for why the caller's thread must not keep a pool.
     """
     count = torch.get_num_threads() if threads is None else threads
-    return call_on_own_thread(
-        lambda: _load_model(path, dtype, quantize, device, compile), threads=count, name="cosyserve-load"
-    )
+    precision = Precision.resolve(dtype, quantize, device, compile, flow_quantize)
+    return call_on_own_thread(lambda: _load_model(path, precision), threads=count, name="cosyserve-load")
 
 
-def _load_model(
-    path: Path | str, dtype: Dtype | str, quantize: Quantization | str, device: str, compile: bool
-) -> LoadedModel:
+def _load_model(path: Path | str, precision: Precision) -> LoadedModel:
     start = time.perf_counter()
-    precision = Precision.resolve(dtype, quantize, device, compile)
     model_dir = ModelDir.open(path)
     hp = model_dir.hparams()
     tokenizer = model_dir.text_tokenizer()
@@ -86,6 +83,8 @@ def _load_model(
     load_checkpoint(flow, model_dir.flow, flow_checkpoint_table(hp.flow))
     flow.to(precision.torch_device, precision.flow_dtype)
     flow.fuse_projections_()
+    if precision.flow_quantize is FlowQuantization.FP16:
+        fp16_weights_(flow.cfm.estimator)
     hift = HiFTGenerator(hp.hift)
     load_checkpoint(hift, model_dir.hift, hift_checkpoint_table(hp.hift))
     hift.to(precision.torch_device, precision.hift_dtype)

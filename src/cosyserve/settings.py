@@ -23,7 +23,7 @@ from pydantic_settings import (
 
 from cosyserve.engine.flow_cache_mode import FlowCacheMode, flow_prompt_whole_problem
 from cosyserve.errors import CosyserveError
-from cosyserve.models.precision_choices import Dtype, Quantization
+from cosyserve.models.precision_choices import Dtype, FlowQuantization, Quantization
 from cosyserve.paths import cache_dir, default_model_dir
 
 ENV_PREFIX = "COSYSERVE_"
@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     quantize: Quantization = Field(
         Quantization.NONE,
         description="LM weight quantization: none, int8, int8wo (int8 weights only), or int4 (CUDA only).",
+    )
+    flow_quantize: FlowQuantization = Field(
+        FlowQuantization.NONE,
+        description="Flow estimator weights: none, or fp16 (stored in float16, computed in float32; "
+        "CPU with dtype fp32 only; faster first chunks on CPUs without bf16, see docs/precision.md).",
     )
     device: str = Field(
         "cpu", min_length=1, description="Device of the model and the KV cache: cpu or cuda[:N]."

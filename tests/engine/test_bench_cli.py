@@ -67,7 +67,13 @@ def test_bench_engine_reports_the_precision(tiny_model_dir: Path, tmp_path: Path
     result = CliRunner().invoke(app, [*args, "--json", str(out_json)])
     assert result.exit_code == 0, result.output
     report = json.loads(out_json.read_text())
-    assert report["precision"] == {"dtype": "bf16", "quantize": "none", "device": "cpu", "compile": False}
+    assert report["precision"] == {
+        "dtype": "bf16",
+        "quantize": "none",
+        "device": "cpu",
+        "compile": False,
+        "flow_quantize": "none",
+    }
     assert report["kv_cache_dtype"] == "bfloat16"
     assert report["levels"][0]["requests"] == 1
     header = result.stdout.splitlines()[0]

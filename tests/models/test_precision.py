@@ -17,9 +17,17 @@ from cosyserve.engine.config import EngineConfig
 from cosyserve.errors import CosyserveError
 from cosyserve.loader import LoadedModel, load_model
 from cosyserve.models import precision, quantize
+from cosyserve.models.flow.estimator import Estimator
 from cosyserve.models.kv_cache import KVCache
-from cosyserve.models.precision import Dtype, Precision, PrecisionError, Quantization, require_torchao
-from cosyserve.models.quantize import Int8WeightOnlyLinear, int4_group_size
+from cosyserve.models.precision import (
+    Dtype,
+    FlowQuantization,
+    Precision,
+    PrecisionError,
+    Quantization,
+    require_torchao,
+)
+from cosyserve.models.quantize import Fp16WeightLinear, Int8WeightOnlyLinear, int4_group_size
 from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
 from cosyserve.pipeline.synthesizer import Synthesizer
 from cosyserve.weights.checkpoint import read_state_dict
@@ -37,6 +45,7 @@ LM_TOLERANCES = {
     "int8": (0.70, 1.20, 0.15),  # (0.83, 0.54, 0.071): activations are quantized too
 }
 FLOW_MEL_TOLERANCE = (0.5, 0.08)  # bf16 flow: max and mean |mel error| (0.16, 0.028)
+FLOW_FP16_WEIGHTS_TOLERANCE = (0.01, 0.001)  # fp16 estimator weights (0.0013, 0.00021)
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +55,7 @@ def models(tiny_model_dir: Path) -> dict[str, LoadedModel]:
     for dtype, quant in CPU_SETTINGS:
         key = dtype if quant == "none" else f"{dtype}+{quant}"
         loaded[key] = load_model(tiny_model_dir, dtype=dtype, quantize=quant)
+    loaded["fp32+flow-fp16"] = load_model(tiny_model_dir, flow_quantize="fp16")
     return loaded
 
 
@@ -101,6 +111,7 @@ def test_int4_on_cpu_is_refused_with_the_cpu_alternative() -> None:
         ({"quantize": "int2"}, "unknown quantize 'int2'; choose one of: none, int8, int8wo, int4"),
         ({"device": "mps"}, "device 'mps' is not supported"),
         ({"device": "tpu"}, "unknown device 'tpu'"),
+        ({"flow_quantize": "int8"}, "unknown flow_quantize 'int8'; choose one of: none, fp16"),
     ],
 )
 def test_unknown_settings_name_the_choices(kwargs: dict[str, str], message: str) -> None:
@@ -111,6 +122,17 @@ def test_unknown_settings_name_the_choices(kwargs: dict[str, str], message: str)
 def test_compile_is_refused_for_a_quantized_lm() -> None:
     with pytest.raises(PrecisionError, match="compile applies to the unquantized LM"):
         Precision.resolve(quantize="int8", compile=True)
+
+
+def test_fp16_flow_weights_need_the_float32_cpu_flow(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(PrecisionError, match=r"runs in bf16; use --dtype fp32 or --flow-quantize none"):
+        Precision.resolve(dtype="bf16", flow_quantize="fp16")
+    with pytest.raises(PrecisionError, match=r"is a CPU setting; on CUDA use --dtype fp16"):
+        Precision.resolve(device="cuda", flow_quantize="fp16")
+    assert Precision.resolve(quantize="int8", flow_quantize="fp16").flow_quantize is FlowQuantization.FP16
+    monkeypatch.setattr(precision, "fbgemm_available", lambda: False)
+    with pytest.raises(PrecisionError, match=r"needs torch's fbgemm kernels.*--flow-quantize none"):
+        Precision.resolve(flow_quantize="fp16")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
@@ -252,6 +274,46 @@ def test_int8_weight_only_linear_matches_the_float_layer() -> None:
         assert layer(x.bfloat16()).dtype == torch.bfloat16
 
 
+def test_fp16_weight_linear_is_the_float_layer_with_fp16_rounded_weights() -> None:
+    gen = torch.Generator().manual_seed(0)
+    linear, plain = nn.Linear(96, 40), nn.Linear(96, 40, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(40, 96, generator=gen) / 96**0.5)
+    x = torch.randn(3, 5, 96, generator=gen)
+    for layer in (linear, plain):
+        fp16 = Fp16WeightLinear(layer)
+        with torch.inference_mode():
+            got = fp16(x)
+            rounded = torch.nn.functional.linear(x, layer.weight.half().float(), layer.bias)
+            exact = layer(x)
+        assert got.dtype == torch.float32 and got.shape == (3, 5, 40)
+        # float32 accumulation: only the weights' rounding separates it from the float layer.
+        torch.testing.assert_close(got, rounded, rtol=1e-5, atol=1e-5)
+        assert not torch.equal(got, exact)
+
+
+def test_fp16_flow_weights_replace_only_the_estimator_linears(models: dict[str, LoadedModel]) -> None:
+    model, ref = models["fp32+flow-fp16"], models["fp32"]
+    assert "flow float32 with fp16 weights" in model.precision.describe()
+    estimator = model.flow.cfm.estimator
+    assert isinstance(estimator, Estimator)
+    assert not any(isinstance(m, nn.Linear) for m in estimator.modules())
+    swapped = [m for m in estimator.modules() if isinstance(m, Fp16WeightLinear)]
+    assert len(swapped) == sum(isinstance(m, nn.Linear) for m in ref.flow.cfm.estimator.modules()) > 0
+    # The encoder, the LM and HiFT keep their float32 Linears.
+    assert any(type(m) is nn.Linear for m in model.flow.encoder.modules())
+    assert all(type(m) is nn.Linear for m in model.lm.qwen.layers.modules() if isinstance(m, nn.Linear))
+
+
+def test_fp16_flow_weights_keep_the_mel_close(models: dict[str, LoadedModel]) -> None:
+    ref_mel = _flow_mel(models["fp32"])
+    mel = _flow_mel(models["fp32+flow-fp16"])
+    err = (mel - ref_mel).abs()
+    assert mel.dtype == torch.float32
+    assert 0 < err.max().item() <= FLOW_FP16_WEIGHTS_TOLERANCE[0]
+    assert err.mean().item() <= FLOW_FP16_WEIGHTS_TOLERANCE[1]
+
+
 def test_int8_weight_only_refuses_widths_its_kernel_cannot_take() -> None:
     # aten._weight_int8pack_mm crashes the process (or answers wrongly) for such widths.
     model = nn.Sequential(nn.Linear(64, 64), nn.Linear(40, 64))
@@ -270,7 +332,7 @@ def test_int4_group_size_divides_every_layer() -> None:
 # -- synthesis -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", ["bf16", "fp32+int8", "fp32+int8wo"])
+@pytest.mark.parametrize("key", ["bf16", "fp32+int8", "fp32+int8wo", "fp32+flow-fp16"])
 def test_each_cpu_setting_synthesizes(models: dict[str, LoadedModel], key: str) -> None:
     model = models[key]
     config = EngineConfig(max_active=1, dtype=model.precision.kv_cache_dtype)
@@ -311,14 +373,17 @@ def test_the_benchmark_runs_and_reports_every_setting(tiny_model_dir: Path, tmp_
     script = Path(__file__).parents[2] / "benchmarks" / "precision_quality.py"
     out = tmp_path / "result.json"
     small = ["--text", "4", "--prompt", "5", "--tokens", "12", "--context", "4", "--steps", "2"]
-    command = [sys.executable, str(script), str(tiny_model_dir), "--settings", "bf16,fp32+int8wo"]
+    settings = "bf16,fp32+int8wo,fp32+flow-fp16"
+    command = [sys.executable, str(script), str(tiny_model_dir), "--settings", settings]
     subprocess.run([*command, *small, "--out", str(out)], check=True, capture_output=True)
     results = {r["setting"]: r for r in json.loads(out.read_text())["results"]}
-    assert list(results) == ["fp32", "bf16", "fp32+int8wo"]
+    assert list(results) == ["fp32", "bf16", "fp32+int8wo", "fp32+flow-fp16"]
     assert results["fp32"]["lm_top1_agreement"] == 1.0 and results["fp32"]["flow_mel_max_err"] == 0.0
     assert 0 < results["bf16"]["flow_mel_max_err"] < 1
     assert results["fp32+int8wo"]["flow_mel_max_err"] == 0.0  # the flow is untouched by int8
     assert 0.5 < results["fp32+int8wo"]["lm_top1_agreement"] <= 1.0
+    assert results["fp32+flow-fp16"]["lm_top1_agreement"] == 1.0  # the LM is untouched
+    assert 0 < results["fp32+flow-fp16"]["flow_mel_max_err"] < results["bf16"]["flow_mel_max_err"]
 
 
 # -- CUDA (never in CI; run on a GPU machine) ----------------------------------------------

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from cosyserve.models.precision_choices import Dtype, Quantization
+from cosyserve.models.precision_choices import Dtype, FlowQuantization, Quantization
 from cosyserve.settings import Settings, SettingsError
 
 
@@ -95,7 +95,7 @@ def test_env_round_trip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
 
 
 def test_precision_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in ("DTYPE", "QUANTIZE", "DEVICE", "COMPILE"):
+    for name in ("DTYPE", "QUANTIZE", "DEVICE", "COMPILE", "FLOW_QUANTIZE"):
         monkeypatch.delenv(f"COSYSERVE_{name}", raising=False)
     defaults = Settings.load()
     assert (defaults.dtype, defaults.quantize, defaults.device, defaults.compile) == (
@@ -104,10 +104,13 @@ def test_precision_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
         "cpu",
         False,
     )
+    assert defaults.flow_quantize is FlowQuantization.NONE
     config = tmp_path / "cosyserve.toml"
     config.write_text('dtype = "bf16"\nquantize = "int8wo"\ncompile = true\n')
     monkeypatch.setenv("COSYSERVE_QUANTIZE", "int8")
+    monkeypatch.setenv("COSYSERVE_FLOW_QUANTIZE", "fp16")
     settings = Settings.load(config, device="cuda:1")
+    assert settings.flow_quantize is FlowQuantization.FP16
     assert (settings.dtype, settings.quantize, settings.device, settings.compile) == (
         Dtype.BF16,
         Quantization.INT8,
@@ -130,6 +133,7 @@ def test_precision_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
             "invalid setting quantize: Input should be 'none', 'int8', 'int8wo' or 'int4'",
         ),
         ({"device": ""}, "invalid setting device"),
+        ({"flow_quantize": "int8"}, "invalid setting flow_quantize: Input should be 'none' or 'fp16'"),
     ],
 )
 def test_invalid_precision_settings(overrides: dict[str, object], message: str) -> None:

@@ -11,7 +11,10 @@ what to use instead. The per-module policy, measured on the full-size model (num
   tinygemm kernel takes only those). The text embedding, the speech embedding and the
   speech head are never quantized: they are lookups or a small share of the decode cost,
   and the head decides every sampled token.
-- Flow: the requested dtype.
+- Flow: the requested dtype. With ``flow_quantize = fp16`` (CPU, float32 flow) the
+  estimator's Linear weights are stored in float16 and computed in float32: the 10 Euler
+  steps of a small streaming chunk read every estimator weight each, and fbgemm's
+  float16-weight GEMM reads half the bytes at a rounding far below bfloat16's.
 - HiFT: always float32. It is 3 % of the model's weights and a small share of the time,
   its STFT/iSTFT and exp-magnitude output need float32, and it writes the waveform
   directly, so rounding there is audible as noise.
@@ -33,6 +36,7 @@ from cosyserve.errors import CosyserveError
 
 # Defined without torch for the settings and the CLI; re-exported as part of this API.
 from cosyserve.models.precision_choices import Dtype as Dtype
+from cosyserve.models.precision_choices import FlowQuantization as FlowQuantization
 from cosyserve.models.precision_choices import Quantization as Quantization
 
 _E = TypeVar("_E", bound=StrEnum)
@@ -45,6 +49,11 @@ def native_cpu_bf16() -> bool:
     them torch emulates bfloat16 GEMMs: on an AVX2-only Zen 3 a 1024x1024 bf16 matmul ran
     at 0.9 GFLOP/s against 114 GFLOP/s in float32 (``docs/precision.md``)."""
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def fbgemm_available() -> bool:
+    """Whether torch has its fbgemm kernels (x86 builds), which fp16 flow weights run on."""
+    return "fbgemm" in torch.backends.quantized.supported_engines
 
 
 class PrecisionError(CosyserveError):
@@ -62,6 +71,7 @@ class Precision:
     quantize: Quantization = Quantization.NONE
     device: str = "cpu"
     compile: bool = False
+    flow_quantize: FlowQuantization = FlowQuantization.NONE
 
     @classmethod
     def resolve(
@@ -70,11 +80,17 @@ class Precision:
         quantize: Quantization | str = Quantization.NONE,
         device: str = "cpu",
         compile: bool = False,
+        flow_quantize: FlowQuantization | str = FlowQuantization.NONE,
     ) -> "Precision":
         """Parse and check a setting. Raises :class:`PrecisionError` naming the problem and
-        what to use instead (fp16 or int4 on CPU, CUDA without a GPU, int4 without torchao)."""
+        what to use instead (fp16 or int4 on CPU, CUDA without a GPU, int4 without torchao,
+        fp16 flow weights with a flow that is not float32 on the CPU)."""
         parsed = cls(
-            _parse(Dtype, dtype, "dtype"), _parse(Quantization, quantize, "quantize"), device, compile
+            _parse(Dtype, dtype, "dtype"),
+            _parse(Quantization, quantize, "quantize"),
+            device,
+            compile,
+            _parse(FlowQuantization, flow_quantize, "flow_quantize"),
         )
         parsed._check()
         return parsed
@@ -111,12 +127,14 @@ class Precision:
         return self.lm_dtype
 
     def describe(self) -> str:
-        """One line for logs: ``bf16/int8 on cpu (lm float32, flow bfloat16, hift float32)``."""
+        """One line for logs: ``bf16/int8 on cpu (lm float32, flow bfloat16, hift float32)``;
+        fp16 flow weights read ``flow float32 with fp16 weights``."""
         names = [str(d).removeprefix("torch.") for d in (self.lm_dtype, self.flow_dtype, self.hift_dtype)]
         compiled = ", compiled" if self.compile else ""
+        weights = "" if self.flow_quantize is FlowQuantization.NONE else f" with {self.flow_quantize} weights"
         return (
             f"{self.dtype}/{self.quantize} on {self.device} "
-            f"(lm {names[0]}, flow {names[1]}, hift {names[2]}{compiled})"
+            f"(lm {names[0]}, flow {names[1]}{weights}, hift {names[2]}{compiled})"
         )
 
     def _check(self) -> None:
@@ -128,6 +146,8 @@ class Precision:
             raise PrecisionError(f"device {self.device!r} is not supported; use 'cpu' or 'cuda[:N]'")
         if self.compile and self.quantize is not Quantization.NONE:
             raise PrecisionError("compile applies to the unquantized LM; use --quantize none or no compile")
+        if self.flow_quantize is FlowQuantization.FP16:
+            self._check_flow_fp16(device)
         if device.type == "cuda":
             self._check_cuda(device)
             return
@@ -147,6 +167,22 @@ class Precision:
             logger.warning(
                 "bf16 on a CPU without bfloat16 instructions (AVX512-BF16 or AMX): torch "
                 "emulates its matmuls, about 100x slower than fp32; use --dtype fp32"
+            )
+
+    def _check_flow_fp16(self, device: torch.device) -> None:
+        if device.type != "cpu":
+            raise PrecisionError(
+                "flow_quantize fp16 is a CPU setting; on CUDA use --dtype fp16 and --flow-quantize none"
+            )
+        if self.flow_dtype != torch.float32:
+            raise PrecisionError(
+                f"flow_quantize fp16 stores the float32 flow's weights, but the flow runs in "
+                f"{self.dtype}; use --dtype fp32 or --flow-quantize none"
+            )
+        if not fbgemm_available():
+            raise PrecisionError(
+                "flow_quantize fp16 needs torch's fbgemm kernels, which this torch build "
+                "lacks (x86 builds have them); use --flow-quantize none"
             )
 
     def _check_cuda(self, device: torch.device) -> None:

@@ -25,7 +25,7 @@ from cosyserve.engine.engine import Engine
 from cosyserve.errors import InvalidRequestError
 from cosyserve.frontend.audio import AudioSource
 from cosyserve.loader import LoadedModel, engine_config_for, load_model
-from cosyserve.models.precision import Dtype, Quantization
+from cosyserve.models.precision import Dtype, FlowQuantization, Quantization
 from cosyserve.pipeline.frontend import Frontend
 from cosyserve.pipeline.request import SynthesisRequest
 from cosyserve.pipeline.voice import VoicePrompt, check_voice_name
@@ -57,13 +57,15 @@ class Synthesizer:
         quantize: Quantization | str = Quantization.NONE,
         device: str = "cpu",
         compile: bool = False,
+        flow_quantize: FlowQuantization | str = FlowQuantization.NONE,
     ) -> "Synthesizer":
         """Load the model at ``path`` in the given precision (see
         :func:`~cosyserve.loader.load_model`, which raises ``PrecisionError`` for a setting
         this machine cannot run)."""
-        return cls(
-            load_model(path, dtype=dtype, quantize=quantize, device=device, compile=compile), engine_config
+        model = load_model(
+            path, dtype=dtype, quantize=quantize, device=device, compile=compile, flow_quantize=flow_quantize
         )
+        return cls(model, engine_config)
 
     @property
     def sample_rate(self) -> int:

@@ -99,6 +99,7 @@ class ServerRuntime:
                 settings.model_dir,
                 dtype=settings.dtype,
                 quantize=settings.quantize,
+                flow_quantize=settings.flow_quantize,
                 device=settings.device,
                 compile=settings.compile,
                 threads=threads,
