@@ -1,4 +1,5 @@
-"""The measuring helpers of ``benchmarks/roofline.py`` and ``benchmarks/op_profile.py``."""
+"""The measuring helpers of ``benchmarks/roofline.py`` and ``benchmarks/op_profile.py``, and
+that ``benchmarks/flow_weights.py`` runs."""
 
 import importlib
 import json
@@ -84,3 +85,21 @@ def test_the_op_profile_runs_on_a_model_directory(tiny_model_dir: Path, tmp_path
     assert len(report["workloads"]) == 4
     flow = report["workloads"]["flow, non-streaming"]["rows"]
     assert flow["matmul (Linear)"]["flops"] > 0 and flow["matmul (batched: attention)"]["flops"] > 0
+
+
+def test_flow_weights_compares_every_variant(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "weights.json"
+    command = [sys.executable, str(BENCHMARKS / "flow_weights.py"), "--model-dir", str(tiny_model_dir)]
+    subprocess.run(
+        [*command, "--prompt", "10", "--tokens", "20", "--repeats", "2", "--json", str(out)],
+        check=True,
+        capture_output=True,
+    )
+    report = json.loads(out.read_text())
+    summary = report["summary"]
+    assert list(summary) == ["conv", "fp32", "fp16"]
+    assert len(report["runs"]["fp16"]["first"]) == 2 and len(report["runs"]["fp16"]["full"]) == 1
+    assert summary["conv"]["first_mel_max_abs_diff"] == 0.0
+    for work in ("first", "full"):
+        assert summary["fp32"][f"{work}_mel_max_abs_diff"] < 1e-4  # the same sums, reordered
+        assert 0 < summary["fp16"][f"{work}_mel_max_abs_diff"] < 0.01

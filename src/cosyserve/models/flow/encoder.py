@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cosyserve.modeldir.hparams import EncoderConfig
-from cosyserve.models.flow.blocks import causal_conv
+from cosyserve.models.flow.blocks import causal_conv, conv1d
 from cosyserve.models.flow.conformer import ConformerLayer, rel_position_embedding
 from cosyserve.models.flow.masks import attention_mask, padding_mask
 from cosyserve.models.flow.stream_cache import FlowStreamCache, LayerStates
@@ -66,7 +66,7 @@ class PreLookahead(nn.Module):
                 2, index.unsqueeze(1).expand(-1, h.shape[1], -1), context.transpose(1, 2)
             )
         h = F.pad(h, (0, self.lookahead + x.shape[1] - h.shape[2]))  # (B, D, T + lookahead)
-        h = F.leaky_relu(self.conv1(h), negative_slope=0.01)  # (B, D, T)
+        h = F.leaky_relu(conv1d(self.conv1, h), negative_slope=0.01)  # (B, D, T)
         return causal_conv(self.conv2, h, states).transpose(1, 2) + x
 
 

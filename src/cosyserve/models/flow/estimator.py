@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cosyserve.modeldir.hparams import EstimatorConfig
-from cosyserve.models.flow.blocks import CausalBlock, CausalResnetBlock, TransformerBlock, causal_conv
+from cosyserve.models.flow.blocks import CausalBlock, CausalResnetBlock, TransformerBlock, causal_conv, conv1d
 from cosyserve.models.flow.masks import attention_mask
 from cosyserve.models.flow.stream_cache import LayerStates
 
@@ -131,5 +131,5 @@ class Estimator(nn.Module):
         h = causal_conv(self.up_conv, h * mask, states)
 
         h = self.final_block(h, mask, states)
-        out: Tensor = self.final_proj(h * mask)
+        out = conv1d(self.final_proj, h * mask)
         return out * mask

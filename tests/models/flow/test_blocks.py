@@ -1,0 +1,56 @@
+"""The estimator's convolutions: short inputs as one matrix product, long ones as
+convolutions, the same results either way."""
+
+import pytest
+import torch
+from torch import nn
+
+from cosyserve.models.flow import blocks
+from cosyserve.models.flow.blocks import GEMM_CONV_ROWS, causal_conv, conv1d
+
+
+def _conv(c_in: int, c_out: int, kernel: int, bias: bool = True) -> nn.Conv1d:
+    torch.manual_seed(kernel * 100 + c_in)
+    return nn.Conv1d(c_in, c_out, kernel_size=kernel, bias=bias).eval()
+
+
+@pytest.mark.parametrize(("c_in", "c_out", "kernel"), [(24, 16, 3), (16, 16, 1), (32, 8, 4), (40, 16, 7)])
+@pytest.mark.parametrize(("batch", "frames"), [(1, 1), (2, 10), (2, GEMM_CONV_ROWS // 2), (3, 40)])
+def test_conv1d_equals_the_convolution(c_in: int, c_out: int, kernel: int, batch: int, frames: int) -> None:
+    conv = _conv(c_in, c_out, kernel)
+    x = torch.randn(batch, c_in, frames + kernel - 1)
+    with torch.inference_mode():
+        expected = conv(x)
+        got = conv1d(conv, x)
+    assert got.shape == expected.shape == (batch, c_out, frames)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_short_inputs_skip_the_convolution_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    conv = _conv(24, 16, 3, bias=False)
+    calls: list[int] = []
+    forward = conv.forward
+
+    def counted(x: torch.Tensor) -> torch.Tensor:
+        calls.append(x.shape[0] * (x.shape[2] - 2))
+        return forward(x)
+
+    monkeypatch.setattr(conv, "forward", counted)
+    with torch.inference_mode():
+        short = causal_conv(conv, torch.randn(2, 24, 10))  # 20 rows: a stream's chunk
+        assert calls == []
+        long = causal_conv(conv, torch.randn(2, 24, GEMM_CONV_ROWS))
+        assert calls == [2 * GEMM_CONV_ROWS]
+        monkeypatch.setattr(blocks, "GEMM_CONV_ROWS", 0)
+        x = torch.randn(2, 24, 10)
+        torch.testing.assert_close(causal_conv(conv, x), conv1d(conv, torch.nn.functional.pad(x, (2, 0))))
+    assert short.shape == (2, 16, 10) and long.shape == (2, 16, GEMM_CONV_ROWS)
+
+
+def test_bf16_short_convolution_stays_close() -> None:
+    conv = _conv(24, 16, 3).to(torch.bfloat16)
+    x = torch.randn(2, 24, 12, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        expected, got = conv(x).float(), conv1d(conv, x).float()
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=0.02, atol=0.05)
