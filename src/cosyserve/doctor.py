@@ -258,7 +258,8 @@ def _precision(f: Facts, plan: Plan) -> Check:
                 "precision",
                 Status.WARN,
                 detail + "; this CPU has no bfloat16 instructions (AVX512-BF16 or AMX)",
-                "bf16 matmuls are emulated here, about 100x slower than fp32: use --dtype fp32",
+                "bf16 matmuls are emulated here, about 100x slower than fp32: use --dtype fp32 "
+                "--flow-quantize fp16",
             )
         return Check("precision", Status.OK, detail)
     gpu = max(f.gpus, key=lambda g: g.free_bytes)

@@ -166,7 +166,8 @@ class Precision:
             # bf16 numerics must run on any CPU.
             logger.warning(
                 "bf16 on a CPU without bfloat16 instructions (AVX512-BF16 or AMX): torch "
-                "emulates its matmuls, about 100x slower than fp32; use --dtype fp32"
+                "emulates its matmuls, about 100x slower than fp32; use --dtype fp32 "
+                "--flow-quantize fp16"
             )
 
     def _check_flow_fp16(self, device: torch.device) -> None:

@@ -17,7 +17,7 @@ from cosyserve.models.linear import stacked_linear
 # its unfolded input. A stream's chunk through the estimator is 20 rows (10 frames, both
 # CFG branches), where torch's CPU convolution costs 240-570 us a call and the product
 # 120-400 us (docs/benchmarks.md, "Short convolutions"); from about 100 rows on the two
-# are even, and at 900 rows (a non-streaming request) the convolution is 1.1-1.3x faster.
+# are even, and at 900 rows (a non-streaming request) the convolution is 1.2-1.35x faster.
 GEMM_CONV_ROWS = 64
 
 
