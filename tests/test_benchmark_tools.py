@@ -1,5 +1,5 @@
 """The measuring helpers of ``benchmarks/roofline.py`` and ``benchmarks/op_profile.py``, and
-that ``benchmarks/flow_weights.py`` runs."""
+that ``benchmarks/flow_weights.py`` and ``benchmarks/engine_ab.py`` run."""
 
 import importlib
 import json
@@ -103,3 +103,21 @@ def test_flow_weights_compares_every_variant(tiny_model_dir: Path, tmp_path: Pat
     for work in ("first", "full"):
         assert summary["fp32"][f"{work}_mel_max_abs_diff"] < 1e-4  # the same sums, reordered
         assert 0 < summary["fp16"][f"{work}_mel_max_abs_diff"] < 0.01
+
+
+def test_engine_ab_takes_turns_between_two_settings(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ab.json"
+    command = [sys.executable, str(BENCHMARKS / "engine_ab.py"), "--model-dir", str(tiny_model_dir)]
+    command += ["--tokens", "10", "--rounds", "1", "--turns", "2", "--flow-prompt-whole"]
+    subprocess.run(
+        [*command, "--json", str(out)],
+        check=True,
+        capture_output=True,
+    )
+    report = json.loads(out.read_text())
+    assert list(report["turns"]) == ["fp32+int8", "fp32+int8+flow-fp16"]
+    for rows in report["turns"].values():
+        assert len(rows) == 2
+        assert all(0 < row["first_chunk_p50_s"] <= row["total_p50_s"] for row in rows)
+        assert all(row["stage_s"]["flow"] > 0 for row in rows)
+    assert set(report["summary"]) == set(report["turns"])
