@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -74,28 +75,16 @@ def test_profiler_and_counter_names_map_to_the_same_kinds(
 
 @pytest.mark.slow
 def test_the_op_profile_runs_on_a_model_directory(tiny_model_dir: Path, tmp_path: Path) -> None:
-    out = tmp_path / "profile.json"
-    command = [sys.executable, str(BENCHMARKS / "op_profile.py"), "--model-dir", str(tiny_model_dir)]
-    subprocess.run(
-        [*command, "--prompt", "25", "--tokens", "30", "--repeats", "1", "--json", str(out)],
-        check=True,
-        capture_output=True,
-    )
-    report = json.loads(out.read_text())
+    args = ("--prompt", "25", "--tokens", "30", "--repeats", "1")
+    report = _run_script("op_profile.py", tiny_model_dir, tmp_path, *args)
     assert len(report["workloads"]) == 4
     flow = report["workloads"]["flow, non-streaming"]["rows"]
     assert flow["matmul (Linear)"]["flops"] > 0 and flow["matmul (batched: attention)"]["flops"] > 0
 
 
 def test_flow_weights_compares_every_variant(tiny_model_dir: Path, tmp_path: Path) -> None:
-    out = tmp_path / "weights.json"
-    command = [sys.executable, str(BENCHMARKS / "flow_weights.py"), "--model-dir", str(tiny_model_dir)]
-    subprocess.run(
-        [*command, "--prompt", "10", "--tokens", "20", "--repeats", "2", "--json", str(out)],
-        check=True,
-        capture_output=True,
-    )
-    report = json.loads(out.read_text())
+    args = ("--prompt", "10", "--tokens", "20", "--repeats", "2")
+    report = _run_script("flow_weights.py", tiny_model_dir, tmp_path, *args)
     summary = report["summary"]
     assert list(summary) == ["conv", "fp32", "fp16"]
     assert len(report["runs"]["fp16"]["first"]) == 2 and len(report["runs"]["fp16"]["full"]) == 1
@@ -106,18 +95,19 @@ def test_flow_weights_compares_every_variant(tiny_model_dir: Path, tmp_path: Pat
 
 
 def test_engine_ab_takes_turns_between_two_settings(tiny_model_dir: Path, tmp_path: Path) -> None:
-    out = tmp_path / "ab.json"
-    command = [sys.executable, str(BENCHMARKS / "engine_ab.py"), "--model-dir", str(tiny_model_dir)]
-    command += ["--tokens", "10", "--rounds", "1", "--turns", "2", "--flow-prompt-whole"]
-    subprocess.run(
-        [*command, "--json", str(out)],
-        check=True,
-        capture_output=True,
-    )
-    report = json.loads(out.read_text())
+    args = ("--tokens", "10", "--rounds", "1", "--turns", "2", "--flow-prompt-whole")
+    report = _run_script("engine_ab.py", tiny_model_dir, tmp_path, *args)
     assert list(report["turns"]) == ["fp32+int8", "fp32+int8+flow-fp16"]
     for rows in report["turns"].values():
         assert len(rows) == 2
         assert all(0 < row["first_chunk_p50_s"] <= row["total_p50_s"] for row in rows)
         assert all(row["stage_s"]["flow"] > 0 for row in rows)
     assert set(report["summary"]) == set(report["turns"])
+
+
+def _run_script(name: str, model_dir: Path, tmp_path: Path, *args: str) -> Any:
+    """Run ``benchmarks/<name>`` on ``model_dir`` with ``args``; the JSON report it wrote."""
+    out = tmp_path / "report.json"
+    command = [sys.executable, str(BENCHMARKS / name), "--model-dir", str(model_dir), *args]
+    subprocess.run([*command, "--json", str(out)], check=True, capture_output=True)
+    return json.loads(out.read_text())
