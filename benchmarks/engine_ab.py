@@ -6,7 +6,7 @@ loaded side by side in one process, the settings taking turns.
 
 Settings are written as for ``benchmarks/precision_quality.py`` (``DTYPE[+QUANT][+flow-fp16]``).
 Separate processes on this shared VM differ by more than the gains measured here (upstream's
-own non-streaming time moved from 42.8 to 55.0 s between two runs of an hour apart), so each
+own non-streaming time moved from 42.8 to 55.0 s between two runs three hours apart), so each
 of ``--turns`` turns runs ``cosyserve bench engine``'s level of one streaming request
 (``--rounds`` requests of ``--tokens`` forced tokens, a fresh engine warmed up on the voice)
 on each setting in turn. Prints every turn's first-chunk median and stage seconds, then

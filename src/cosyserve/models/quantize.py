@@ -220,15 +220,13 @@ class Fp16WeightLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, fp16 weights"
 
 
-def fp16_weights_(module: nn.Module) -> int:
+def fp16_weights_(module: nn.Module) -> None:
     """Replace every ``nn.Linear`` under ``module`` (float32, on the CPU) by an
-    :class:`Fp16WeightLinear`, one at a time; returns how many. The float32 weights are
-    dropped (memory-mapped ones are no longer read), the packed copies are private memory
-    of half their size."""
-    targets = list(_linears(module))
-    for (parent, name), linear in targets:
+    :class:`Fp16WeightLinear`, one at a time. The float32 weights are dropped
+    (memory-mapped ones are no longer read), the packed copies are private memory of half
+    their size."""
+    for (parent, name), linear in list(_linears(module)):
         setattr(parent, name, Fp16WeightLinear(linear))
-    return len(targets)
 
 
 def _check_int8pack_width(linear: nn.Linear) -> None:
