@@ -2,6 +2,8 @@
 
     cosyserve model init /tmp/cv2-full --size full --seed 0      # once, 3.3 GB
     python benchmarks/precision_quality.py /tmp/cv2-full --out /tmp/precision.json
+    python benchmarks/precision_quality.py /tmp/cv2-full --device cuda \
+        --settings fp32,bf16,fp16,bf16+int8,bf16+int4 --out /tmp/precision-cuda.json
 
 Each setting (``DTYPE[+QUANT][+flow-fp16][+compile]``, e.g. ``fp32``, ``bf16``,
 ``fp32+int8``, ``fp32+int8+flow-fp16``, ``bf16+compile``; ``flow-fp16`` is
@@ -20,6 +22,10 @@ warm-up) and peak RSS are its own, and runs the same fixed inputs:
   excitation: waveform max/mean |error| and SNR, and end to end on the setting's own mel.
   With ``bf16``, HiFT's convolutions are also run under CPU autocast (bf16) to show what
   bf16 would cost there (HiFT itself always loads in float32).
+
+``--device cuda`` runs every setting, the float32 reference too, on the GPU (HiFT's
+excitation is still drawn on the CPU, so it is the same in every setting); times then
+include a device synchronisation.
 
 Times of the LM forward, flow and HiFT are the fastest of ``--repeats`` runs. The
 1-minute load average is recorded with every setting: on a shared machine compare times
@@ -74,6 +80,7 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=0, help="torch threads per setting (default: torch's choice)"
     )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]: where every setting runs")
     parser.add_argument("--out", type=Path, default=None, help="write all results here as JSON")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--workdir", type=Path, default=None, help=argparse.SUPPRESS)
@@ -107,7 +114,7 @@ def parse_setting(setting: str) -> tuple[str, str, bool, str]:
 
 def _spawn(args: argparse.Namespace, setting: str, workdir: Path) -> dict[str, Any]:
     command = [sys.executable, __file__, str(args.model_dir), "--worker", setting, "--workdir", str(workdir)]
-    for name in ("text", "prompt", "tokens", "context", "steps", "repeats", "threads"):
+    for name in ("text", "prompt", "tokens", "context", "steps", "repeats", "threads", "device"):
         command += [f"--{name}", str(getattr(args, name))]
     print(f"# {setting}: load average {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
     done = subprocess.run(command, check=True, capture_output=True, text=True)
@@ -123,12 +130,17 @@ def run_setting(args: argparse.Namespace, setting: str, workdir: Path) -> dict[s
     load_avg_before = os.getloadavg()[0]
     start = time.perf_counter()
     model = load_model(
-        args.model_dir, dtype=dtype, quantize=quantize, compile=compile_lm, flow_quantize=flow_quantize
+        args.model_dir,
+        dtype=dtype,
+        quantize=quantize,
+        compile=compile_lm,
+        flow_quantize=flow_quantize,
+        device=args.device,
     )
     load_s = time.perf_counter() - start
     load_peak_mb = _peak_rss_mb()
     load_anon_mb = _anon_rss_mb()
-    inputs = _inputs(model, args)
+    inputs = {name: value.to(args.device) for name, value in _inputs(model, args).items()}
     out: dict[str, Any] = {"setting": setting, "precision": model.precision.describe(), "load_s": load_s}
     out["threads"] = torch.get_num_threads()
     out["load_peak_rss_mb"] = load_peak_mb
@@ -144,11 +156,13 @@ def run_setting(args: argparse.Namespace, setting: str, workdir: Path) -> dict[s
         mel, out["flow_s"] = _timed(lambda: _flow(model, inputs), args.repeats)
         np.save(workdir / f"{setting}.mel.npy", mel)
         ref_mel_path = workdir / "fp32.mel.npy"
-        ref_mel = torch.from_numpy(np.load(ref_mel_path) if ref_mel_path.exists() else mel)
+        ref_mel = torch.from_numpy(np.load(ref_mel_path) if ref_mel_path.exists() else mel).to(args.device)
         wave, out["hift_s"] = _timed(lambda: _vocode(model.hift, ref_mel), args.repeats)
         np.save(workdir / f"{setting}.wave.npy", wave)
-        np.save(workdir / f"{setting}.wave_e2e.npy", _vocode(model.hift, torch.from_numpy(mel)))
-        if dtype == "bf16":
+        np.save(
+            workdir / f"{setting}.wave_e2e.npy", _vocode(model.hift, torch.from_numpy(mel).to(args.device))
+        )
+        if dtype == "bf16" and not model.precision.on_cuda:
             wave_bf16, out["hift_autocast_bf16_s"] = _timed(
                 lambda: _vocode_autocast_bf16(model.hift, ref_mel), args.repeats
             )
@@ -180,7 +194,7 @@ def _teacher_forced(model: LoadedModel, inputs: dict[str, torch.Tensor]) -> np.n
     full = torch.cat([prefix, lm.speech_embedding(inputs["tokens"])])
     _, logits = lm.teacher_forced(full[None])
     first = inputs["text"].shape[0] + 1  # sos + text, then the task id predicts the first token
-    result: np.ndarray = logits[0, first:].float().numpy()
+    result: np.ndarray = logits[0, first:].float().cpu().numpy()
     return result
 
 
@@ -188,10 +202,11 @@ def _decode_step_times(model: LoadedModel, batch: int, args: argparse.Namespace)
     lm = model.lm
     cfg = lm.cfg.qwen
     max_len = args.context + args.steps + 4
-    cache = KVCache.for_config(cfg, batch, max_len, model.precision.kv_cache_dtype)
+    device = lm.speech_embedding.weight.device
+    cache = KVCache.for_config(cfg, batch, max_len, model.precision.kv_cache_dtype, device)
     slots = [cache.allocate() for _ in range(batch)]
     gen = torch.Generator().manual_seed(INPUT_SEED)
-    ids = torch.randint(0, lm.cfg.speech_token_size, (batch, args.context), generator=gen)
+    ids = torch.randint(0, lm.cfg.speech_token_size, (batch, args.context), generator=gen).to(device)
     step = cache.begin(slots, args.context)
     lm.qwen(lm.speech_embedding(ids), step)
     cache.commit(step)
@@ -201,6 +216,8 @@ def _decode_step_times(model: LoadedModel, batch: int, args: argparse.Namespace)
     for _ in range(args.steps):
         start = time.perf_counter()
         lm.decode(tokens, slots, cache)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
     return times
 
@@ -214,13 +231,13 @@ def _flow(model: LoadedModel, inputs: dict[str, torch.Tensor]) -> np.ndarray:
         streaming=False,
         finalize=True,
     )
-    result: np.ndarray = mel.float().numpy()
+    result: np.ndarray = mel.float().cpu().numpy()
     return result
 
 
 def _vocode(hift: HiFTGenerator, mel: torch.Tensor) -> np.ndarray:
     wave, _ = hift.inference(mel.float(), generator=torch.Generator().manual_seed(0))
-    result: np.ndarray = wave.float().numpy()
+    result: np.ndarray = wave.float().cpu().numpy()
     return result
 
 

@@ -1,10 +1,12 @@
-"""``engine_config_for``: the engine's KV cache follows the loaded model's precision."""
+"""``engine_config_for``: the engine's KV cache follows the loaded model's precision, and
+its streaming flow mode the model's device."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
+from cosyserve.engine.flow_cache_mode import default_flow_cache
 from cosyserve.loader import engine_config_for, load_model
 from cosyserve.pipeline.synthesizer import Synthesizer
 
@@ -32,6 +34,12 @@ def test_kv_cache_follows_the_precision(
     engine = Synthesizer(model).engine  # the synthesizer's default engine uses it too
     assert engine.lm_runner.cache.k.dtype == engine.lm_runner.cache.v.dtype == kv_dtype
     assert engine.prefix_cache is not None and engine.prefix_cache.k.dtype == kv_dtype
+
+
+def test_the_flow_cache_default_follows_the_device(tiny_model_dir: Path) -> None:
+    assert engine_config_for(load_model(tiny_model_dir)).flow_cache == "incremental"
+    assert default_flow_cache("cpu") == "incremental"
+    assert default_flow_cache("cuda") == default_flow_cache("cuda:1") == "exact"
 
 
 def test_the_precision_fields_cannot_be_overridden(tiny_model_dir: Path) -> None:

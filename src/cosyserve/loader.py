@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from cosyserve.engine.config import EngineConfig
+from cosyserve.engine.flow_cache_mode import FlowCacheMode, default_flow_cache
 from cosyserve.frontend.features import PromptFeatureExtractor
 from cosyserve.modeldir.hparams import ModelHParams
 from cosyserve.modeldir.layout import ModelDir
@@ -106,12 +107,20 @@ def _load_model(path: Path | str, precision: Precision) -> LoadedModel:
     return model
 
 
-def engine_config_for(model: LoadedModel, **overrides: Any) -> EngineConfig:
+def engine_config_for(
+    model: LoadedModel, flow_cache: FlowCacheMode | None = None, **overrides: Any
+) -> EngineConfig:
     """Engine options for ``model``: its KV cache in ``model.precision.kv_cache_dtype`` on
-    ``model.precision.device``, so a bf16 model gets a bf16 cache; ``overrides`` set the
-    other :class:`EngineConfig` fields (``max_active``, ``flow_cache``, ...), not those two."""
+    ``model.precision.device``, so a bf16 model gets a bf16 cache; ``flow_cache`` None is
+    the device's default (:func:`default_flow_cache`); ``overrides`` set the other
+    :class:`EngineConfig` fields (``max_active``, ...), not dtype and device."""
     precision = model.precision
-    return EngineConfig(dtype=precision.kv_cache_dtype, device=precision.device, **overrides)
+    return EngineConfig(
+        dtype=precision.kv_cache_dtype,
+        device=precision.device,
+        flow_cache=flow_cache or default_flow_cache(precision.device),
+        **overrides,
+    )
 
 
 def _load_lm(model_dir: ModelDir, hp: ModelHParams, precision: Precision) -> CosyVoice2LM:

@@ -21,7 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from cosyserve.engine.flow_cache_mode import FlowCacheMode, flow_prompt_whole_problem
+from cosyserve.engine.flow_cache_mode import FlowCacheMode, default_flow_cache, flow_prompt_whole_problem
 from cosyserve.errors import CosyserveError
 from cosyserve.models.precision_choices import Dtype, FlowQuantization, Quantization
 from cosyserve.paths import cache_dir, default_model_dir
@@ -79,10 +79,11 @@ class Settings(BaseSettings):
         description="torch.compile the LM's MLPs (unquantized LM only; slower start, see docs/precision.md).",
     )
     # Engine options (cosyserve.engine.config.EngineConfig; docs/streaming-flow.md).
-    flow_cache: FlowCacheMode = Field(
-        "incremental",
+    flow_cache: FlowCacheMode | None = Field(
+        None,
         description="Streaming flow work per chunk: exact (upstream: recompute prompt + all tokens), "
-        "cached (same output, intermediate chunks incremental), incremental (final chunk too; fastest).",
+        "cached (same output, intermediate chunks incremental), incremental (final chunk too); "
+        "unset: incremental on a CPU, exact on CUDA (the fastest on each).",
     )
     flow_prompt_cache_mb: int = Field(
         4096,
@@ -221,7 +222,9 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _whole_prompt_needs_the_prompt_cache(self) -> "Settings":
         problem = flow_prompt_whole_problem(
-            self.flow_prompt_whole, self.flow_cache, self.flow_prompt_cache_mb
+            self.flow_prompt_whole,
+            self.flow_cache or default_flow_cache(self.device),
+            self.flow_prompt_cache_mb,
         )
         if problem:
             raise ValueError(problem)
@@ -260,8 +263,13 @@ class Settings(BaseSettings):
             raise SettingsError(f"cannot read config file {path}: {exc}") from None
 
     def to_env(self) -> dict[str, str]:
-        """These settings as ``COSYSERVE_*`` variables: how worker processes receive them."""
-        return {f"{ENV_PREFIX}{name.upper()}": str(value) for name, value in self.model_dump().items()}
+        """These settings as ``COSYSERVE_*`` variables: how worker processes receive them.
+        An unset setting (None) has no variable, so it is unset there too."""
+        return {
+            f"{ENV_PREFIX}{name.upper()}": str(value)
+            for name, value in self.model_dump().items()
+            if value is not None
+        }
 
 
 def _describe(exc: ValidationError, path: Path | None) -> str:

@@ -64,9 +64,10 @@ def _lm_logits(model: LoadedModel) -> torch.Tensor:
     token sequence, at the positions that predict speech tokens: (53, 6564)."""
     gen = torch.Generator().manual_seed(7)
     lm = model.lm
-    text = torch.randint(0, lm.cfg.qwen.vocab_size, (8,), generator=gen)
-    prompt = torch.randint(0, lm.cfg.speech_token_size, (12,), generator=gen)
-    tokens = torch.randint(0, lm.cfg.speech_token_size, (40,), generator=gen)
+    device = lm.speech_embedding.weight.device
+    text = torch.randint(0, lm.cfg.qwen.vocab_size, (8,), generator=gen).to(device)
+    prompt = torch.randint(0, lm.cfg.speech_token_size, (12,), generator=gen).to(device)
+    tokens = torch.randint(0, lm.cfg.speech_token_size, (40,), generator=gen).to(device)
     with torch.inference_mode():
         full = torch.cat([lm.prompt_embeddings(text, prompt), lm.speech_embedding(tokens)])
         _, logits = lm.teacher_forced(full[None])
@@ -408,12 +409,48 @@ def test_cuda_half_precision_loads_and_synthesizes(tiny_model_dir: Path, dtype: 
 
 
 @needs_cuda
-@pytest.mark.parametrize("quant", [Quantization.INT4, Quantization.INT8])
-def test_cuda_quantization_keeps_logits_close(tiny_model_dir: Path, quant: Quantization) -> None:
+def test_cuda_int8_keeps_logits_close(tiny_model_dir: Path) -> None:
     pytest.importorskip("torchao")
     ref = load_model(tiny_model_dir, dtype="bf16", device="cuda")
-    model = load_model(tiny_model_dir, dtype="bf16", quantize=quant, device="cuda")
+    model = load_model(tiny_model_dir, dtype="bf16", quantize=Quantization.INT8, device="cuda")
     assert model.precision.kv_cache_dtype == torch.bfloat16
     ref_logits, logits = _lm_logits(ref).cpu(), _lm_logits(model).cpu()
     agreement = (logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
     assert agreement >= 0.7
+
+
+@needs_cuda
+@torch.inference_mode()
+def test_cuda_int4_is_its_dequantized_weights(tiny_model_dir: Path) -> None:
+    """int4 is checked against what it promises, not against bf16's top-1: on the tiny
+    model's 64-wide layers a group is a whole row, and random logits have small margins,
+    so top-1 agreement with bf16 was 0.38 on an H200 (full-size numbers are in
+    docs/precision.md). Every dequantized weight must lie within half a quantization step
+    of the original, and the int4 LM's logits must be those of a bf16 LM holding the
+    dequantized weights."""
+    pytest.importorskip("torchao")
+    ref = load_model(tiny_model_dir, dtype="bf16", device="cuda")
+    model = load_model(tiny_model_dir, dtype="bf16", quantize=Quantization.INT4, device="cuda")
+    group = int4_group_size(ref.lm.qwen.layers)
+    quantized = dict(model.lm.qwen.layers.named_modules())
+    linears = [(name, m) for name, m in ref.lm.qwen.layers.named_modules() if isinstance(m, nn.Linear)]
+    assert linears
+    for name, linear in linears:
+        out_features, in_features = linear.weight.shape
+        eye = torch.eye(in_features, dtype=torch.bfloat16, device="cuda")
+        # The kernel applied to the identity gives the weights it computes with: (in, out).
+        dequantized = quantized[name](eye).float()
+        if linear.bias is not None:
+            dequantized -= linear.bias.float()
+        dequantized = dequantized.T
+        weight = linear.weight.float()
+        groups = weight.view(out_features, in_features // group, group)
+        step = (groups.amax(-1) - groups.amin(-1)) / 15  # 16 levels per group
+        err = (dequantized - weight).abs().view_as(groups).amax(-1)
+        # Half a step, plus bfloat16 rounding of the scale and of the result.
+        assert (err <= 0.6 * step + groups.abs().amax(-1) / 128).all(), name
+        linear.weight.copy_(dequantized.to(torch.bfloat16))
+    ref_logits, logits = _lm_logits(ref).cpu(), _lm_logits(model).cpu()
+    agreement = (logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
+    err = (logits - ref_logits).abs() / ref_logits.std()
+    assert agreement >= 0.9 and err.max() <= 0.3 and err.mean() <= 0.04, (agreement, err.max(), err.mean())

@@ -65,6 +65,10 @@ def test_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
             {"flow_prompt_whole": True, "flow_prompt_cache_mb": 0},
             "^invalid settings: flow_prompt_whole needs the",
         ),
+        (  # on CUDA an unset flow_cache is exact
+            {"flow_prompt_whole": True, "device": "cuda"},
+            "^invalid settings: flow_prompt_whole needs the",
+        ),
     ],
 )
 def test_invalid_values(overrides: dict[str, object], message: str) -> None:

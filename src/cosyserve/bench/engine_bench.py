@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.async_engine import AsyncEngine
@@ -84,6 +85,8 @@ class LevelResult:
     ``lm_busy_tokens_per_s``: the same per second the LM actually ran (prefill + decode).
     ``peak_rss_mb``: the process's peak RSS during the level (``rss_peak_is_level``: False
     where the kernel would not reset the peak, so it is the peak since start).
+    ``peak_device_mb``: on a CUDA device, the most tensor memory allocated on it during the
+    level (None on the CPU).
     ``stage_s``: engine seconds per stage (prefill, decode, flow, hift) during the level."""
 
     concurrency: int
@@ -97,6 +100,7 @@ class LevelResult:
     lm_busy_tokens_per_s: float
     peak_rss_mb: float
     rss_peak_is_level: bool
+    peak_device_mb: float | None
     prefix_reused_positions: int
     prefill_positions: int
     stage_s: dict[str, float]
@@ -188,6 +192,9 @@ def _measure(
     before = stats.snapshot()
     reused_before = prefix.stats.reused_positions if prefix is not None else 0
     peak_reset = reset_peak_rss()
+    device = torch.device(engine.engine.config.device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     done = (lambda: on_request_done(concurrency)) if on_request_done is not None else None
     start = time.perf_counter()
     timings = asyncio.run(_run_level(engine, specs, concurrency, sample_rate, done))
@@ -207,6 +214,7 @@ def _measure(
         lm_busy_tokens_per_s=tokens / lm_busy if lm_busy > 0 else 0.0,
         peak_rss_mb=peak_rss_mb(),
         rss_peak_is_level=peak_reset,
+        peak_device_mb=torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         prefix_reused_positions=(prefix.stats.reused_positions if prefix is not None else 0) - reused_before,
         prefill_positions=after.prefill_tokens - before.prefill_tokens,
         stage_s={

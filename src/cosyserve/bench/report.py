@@ -35,6 +35,8 @@ def report_markdown(report: BenchReport) -> str:
     ]
     for level in report.levels:
         rss = f"{level.peak_rss_mb:.0f}" + ("" if level.rss_peak_is_level else " (since start)")
+        if level.peak_device_mb is not None:
+            rss += f"; device {level.peak_device_mb:.0f}"
         lines.append(
             f"| {level.concurrency} | {level.requests} | {_triple(level.first_chunk_s)} | "
             f"{_triple(level.total_s)} | {level.rtf:.2f} | {level.audio_s_per_s:.2f} | "
