@@ -71,6 +71,8 @@ def load_model(
     """
     count = torch.get_num_threads() if threads is None else threads
     precision = Precision.resolve(dtype, quantize, device, compile, flow_quantize)
+    for line in precision.advice():
+        logger.warning(line)
     return call_on_own_thread(lambda: _load_model(path, precision), threads=count, name="cosyserve-load")
 
 

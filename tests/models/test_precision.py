@@ -146,14 +146,22 @@ def test_cuda_without_a_gpu_is_refused() -> None:
     ("native", "dtype", "warned"), [(False, "bf16", True), (True, "bf16", False), (False, "fp32", False)]
 )
 def test_bf16_on_a_cpu_without_bf16_instructions_warns(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, native: bool, dtype: str, warned: bool
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    native: bool,
+    dtype: str,
+    warned: bool,
 ) -> None:
     monkeypatch.setattr(precision, "native_cpu_bf16", lambda: native)
-    with caplog.at_level(logging.WARNING, logger=precision.__name__):
+    with caplog.at_level(logging.WARNING):
         resolved = Precision.resolve(dtype=dtype)
-    assert resolved.dtype == dtype  # still allowed: slow, not wrong
-    messages = [r.getMessage() for r in caplog.records if r.name == precision.__name__]
-    assert any("without bfloat16 instructions" in m and "--dtype fp32" in m for m in messages) is warned
+        assert not caplog.records  # checking a setting (as `serve` does before it loads) says nothing
+        model = load_model(tiny_model_dir, dtype=dtype)
+    assert resolved.dtype == model.precision.dtype == dtype  # still allowed: slow, not wrong
+    advice = [r.getMessage() for r in caplog.records if "without bfloat16 instructions" in r.getMessage()]
+    assert len(advice) == int(warned)  # once per load
+    assert all("--dtype fp32" in line for line in advice)
 
 
 def test_missing_torchao_gives_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,7 +24,6 @@ what to use instead. The per-module policy, measured on the full-size model (num
 """
 
 import importlib
-import logging
 from dataclasses import dataclass
 from enum import StrEnum
 from types import ModuleType
@@ -40,8 +39,6 @@ from cosyserve.models.precision_choices import FlowQuantization as FlowQuantizat
 from cosyserve.models.precision_choices import Quantization as Quantization
 
 _E = TypeVar("_E", bound=StrEnum)
-
-logger = logging.getLogger(__name__)
 
 
 def native_cpu_bf16() -> bool:
@@ -137,6 +134,18 @@ class Precision:
             f"(lm {names[0]}, flow {names[1]}{weights}, hift {names[2]}{compiled})"
         )
 
+    def advice(self) -> list[str]:
+        """What this setting runs but should not: warnings for whoever loads a model with it,
+        not errors, since the results are right, only slow (and the tests of bf16 numerics
+        must run on any CPU)."""
+        if not self.on_cuda and self.flow_dtype == torch.bfloat16 and not native_cpu_bf16():
+            return [
+                "bf16 on a CPU without bfloat16 instructions (AVX512-BF16 or AMX): torch "
+                "emulates its matmuls, about 100x slower than fp32; use --dtype fp32 "
+                "--flow-quantize fp16"
+            ]
+        return []
+
     def _check(self) -> None:
         try:
             device = torch.device(self.device)
@@ -160,14 +169,6 @@ class Precision:
             raise PrecisionError(
                 "int4 quantization needs a CUDA device (there is no fast CPU int4 kernel); "
                 "on CPU use --quantize int8"
-            )
-        if self.flow_dtype == torch.bfloat16 and not native_cpu_bf16():
-            # A warning, not an error: the results are right, only slow, and tests of the
-            # bf16 numerics must run on any CPU.
-            logger.warning(
-                "bf16 on a CPU without bfloat16 instructions (AVX512-BF16 or AMX): torch "
-                "emulates its matmuls, about 100x slower than fp32; use --dtype fp32 "
-                "--flow-quantize fp16"
             )
 
     def _check_flow_fp16(self, device: torch.device) -> None:

@@ -115,7 +115,8 @@ class ServerRuntime:
                 cuda_graphs=settings.cuda_graphs,
                 pretouch_mb=settings.pretouch_mb,
             )
-            engine = Engine(model.lm, model.flow, model.hift, config)
+            # Off the event loop: on CUDA the engine captures its decode graphs as it is made.
+            engine = await asyncio.to_thread(Engine, model.lm, model.flow, model.hift, config)
             self._engine = AsyncEngine(engine, threads=threads)
             # Off the event loop: start() waits for the engine thread's pretouch, if any.
             await asyncio.to_thread(self._engine.start)
