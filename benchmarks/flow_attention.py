@@ -50,7 +50,7 @@ def main() -> None:
         reference = _mel(flow, inputs)
         _use(attention.attention)
         low = flow.to(torch.bfloat16)
-        for name, kernel in (("fused", _fused), ("split", attention.attention)):
+        for name, kernel in (("fused", _fused), ("split", attention.split_attention)):
             _use(kernel)
             times = []
             for _ in range(args.repeats):

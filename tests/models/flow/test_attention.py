@@ -1,5 +1,6 @@
-"""The flow's attention: torch's fused kernel in float32, GEMMs and a softmax in bfloat16 on
-CPU, with the same results within bfloat16's rounding."""
+"""The flow's attention: torch's fused kernel in float32 and on CPUs with AMX, GEMMs and a
+softmax in bfloat16 on other CPUs, with the same results within bfloat16's rounding. Tests
+of the split kernel force it (``split``), whatever this machine's CPU."""
 
 import pytest
 import torch
@@ -32,6 +33,12 @@ def _causal_bias(queries: int, keys: int, dtype: torch.dtype, hidden: float = -1
     return torch.zeros(queries, keys, dtype=dtype).masked_fill(~allowed, hidden)[None, None]
 
 
+@pytest.fixture
+def split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bfloat16 takes the split kernel, as on a CPU without AMX."""
+    monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: False)
+
+
 def test_float32_is_torchs_fused_kernel() -> None:
     q, k, v = _qkv(torch.float32, 30, 50)
     bias = _causal_bias(30, 50, torch.float32)
@@ -40,6 +47,15 @@ def test_float32_is_torchs_fused_kernel() -> None:
         assert torch.equal(flow_attention(q, k, v, b, scale), expected)
 
 
+def test_bfloat16_with_amx_is_torchs_fused_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: True)
+    q, k, v = _qkv(torch.bfloat16, 30, 50)
+    bias = _causal_bias(30, 50, torch.bfloat16)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    assert torch.equal(flow_attention(q, k, v, bias), expected)
+
+
+@pytest.mark.usefixtures("split")
 @pytest.mark.parametrize("masked", [False, True])
 def test_bfloat16_matches_exact_attention_within_rounding(masked: bool) -> None:
     q, k, v = _qkv(torch.bfloat16, 30, 50)
@@ -57,6 +73,7 @@ def test_bfloat16_matches_exact_attention_within_rounding(masked: bool) -> None:
     assert error.mean().item() < 4 * fused_error
 
 
+@pytest.mark.usefixtures("split")
 def test_hidden_keys_get_no_weight() -> None:
     q, k, v = _qkv(torch.bfloat16, 8, 8)
     for hidden in (-1e10, float("-inf")):
@@ -67,6 +84,7 @@ def test_hidden_keys_get_no_weight() -> None:
         assert bool(torch.isfinite(out).all())
 
 
+@pytest.mark.usefixtures("split")
 def test_long_inputs_run_in_query_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     q, k, v = _qkv(torch.bfloat16, 37, 45, seed=1)
     bias = _causal_bias(37, 45, torch.bfloat16)
@@ -85,6 +103,7 @@ def test_long_inputs_run_in_query_blocks(monkeypatch: pytest.MonkeyPatch) -> Non
     torch.testing.assert_close(blocked, whole, rtol=0, atol=2**-6)
 
 
+@pytest.mark.usefixtures("split")
 def test_bfloat16_flow_error_is_no_worse_than_with_the_fused_kernel(
     flow: Flow, monkeypatch: pytest.MonkeyPatch
 ) -> None:

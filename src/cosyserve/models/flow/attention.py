@@ -1,10 +1,12 @@
 """Scaled dot-product attention for the flow's attention layers, fast in bfloat16 on CPU.
 
-torch's CPU flash-attention kernel runs bfloat16 no faster than float32: one 450-frame
-estimator layer (2 CFG rows x 8 heads of 64) takes 8.0-8.6 ms in bfloat16 against 7.8 ms
-in float32 on 2 Zen 4 cores, while a bfloat16 batched GEMM of the same scores runs at about
-3x float32's rate. So bfloat16 on CPU computes the two GEMMs and the softmax apart (5.0 ms
-for that layer); float32, and every CUDA dtype, keep torch's fused kernel.
+On a CPU without AMX, torch's CPU flash-attention kernel runs bfloat16 no faster than
+float32: one 450-frame estimator layer (2 CFG rows x 8 heads of 64) takes 8.0-8.6 ms in
+bfloat16 against 7.8 ms in float32 on 2 Zen 4 cores, while a bfloat16 batched GEMM of the
+same scores runs at about 3x float32's rate. So bfloat16 there computes the two GEMMs and
+the softmax apart (5.0 ms for that layer). With AMX tiles the fused kernel is the fast one:
+on 2 cores of an Intel Xeon with AMX that layer took 1.70 ms fused against 7.67 ms split
+(:func:`fused_cpu_bf16`). float32, and every CUDA dtype, always keep torch's fused kernel.
 
 What it costs: the scores are rounded to bfloat16 before the softmax, where the fused kernel
 keeps them in float32. On the full-size random model this does not change the flow's
@@ -23,6 +25,12 @@ from torch import Tensor
 MAX_SCORES = 1 << 24
 
 
+def fused_cpu_bf16() -> bool:
+    """Whether torch's fused kernel is the faster one for bfloat16 on this CPU: where it has
+    AMX tiles (measured above; without them the split GEMMs win)."""
+    return bool(torch.cpu._is_amx_tile_supported())
+
+
 def attention(
     q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, scale: float | None = None
 ) -> Tensor:
@@ -32,8 +40,15 @@ def attention(
     to ``(B, H, T, K)`` (a large negative value hides a key), or None; ``scale``: default
     ``1/√d``. Returns ``(B, H, T, d)``.
     """
-    if q.dtype != torch.bfloat16 or q.device.type != "cpu":
+    if q.dtype != torch.bfloat16 or q.device.type != "cpu" or fused_cpu_bf16():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+    return split_attention(q, k, v, bias, scale)
+
+
+def split_attention(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, scale: float | None = None
+) -> Tensor:
+    """:func:`attention` as two GEMMs and a softmax apart (bfloat16 on CPUs without AMX)."""
     q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
     # The GEMMs take a dense batch of matrices as it is (or transposed) but copy a strided
     # one (heads split from a projection, a cache buffer with room) by a slow transposing
