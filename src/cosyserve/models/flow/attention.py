@@ -4,9 +4,10 @@ On a CPU without AMX, torch's CPU flash-attention kernel runs bfloat16 no faster
 float32: one 450-frame estimator layer (2 CFG rows x 8 heads of 64) takes 8.0-8.6 ms in
 bfloat16 against 7.8 ms in float32 on 2 Zen 4 cores, while a bfloat16 batched GEMM of the
 same scores runs at about 3x float32's rate. So bfloat16 there computes the two GEMMs and
-the softmax apart (5.0 ms for that layer). With AMX tiles the fused kernel is the fast one:
-on 2 cores of an Intel Xeon with AMX that layer took 1.70 ms fused against 7.67 ms split
-(:func:`fused_cpu_bf16`). float32, and every CUDA dtype, always keep torch's fused kernel.
+the softmax apart (5.0 ms for that layer). With AMX tiles the fused kernel is the faster
+one (:func:`fused_cpu_bf16`). On 2 cores of an Intel Xeon with AMX the whole
+non-streaming flow took 2.90 s with it against 3.15 s split, at the same error
+(``docs/precision.md``). float32, and every CUDA dtype, always keep torch's fused kernel.
 
 What it costs: the scores are rounded to bfloat16 before the softmax, where the fused kernel
 keeps them in float32. On the full-size random model this does not change the flow's
