@@ -459,7 +459,7 @@ def main() -> None:
         "--flow-cache",
         choices=("exact", "cached", "incremental"),
         default=None,
-        help="ours only: EngineConfig.flow_cache (default: the engine's)",
+        help="ours only: EngineConfig.flow_cache (default: incremental on CPU, exact on CUDA)",
     )
     parser.add_argument(
         "--flow-stream-cache-mb",

@@ -73,7 +73,7 @@ def bench_engine(
     flow_cache: Annotated[
         FlowCache | None,
         typer.Option(
-            help="Streaming flow mode (default: the engine's; see EngineConfig.flow_cache).",
+            help="Streaming flow mode (default: incremental on CPU, exact on CUDA; EngineConfig.flow_cache).",
             show_default=False,
         ),
     ] = None,

@@ -35,7 +35,7 @@ WARM_UP_TOKENS = 30
 @dataclass(frozen=True)
 class BenchOptions:
     """What to run. ``first_hop``: tokens in a stream's first chunk (None: upstream's);
-    ``flow_cache``: the engine's streaming flow mode (None: the engine's default);
+    ``flow_cache``: the engine's streaming flow mode (None: the device's default, ``default_flow_cache``);
     ``flow_prompt_whole``: ``EngineConfig.flow_prompt_whole``."""
 
     tokens: int = 150
