@@ -202,7 +202,7 @@ def _decode_step_times(model: LoadedModel, batch: int, args: argparse.Namespace)
     lm = model.lm
     cfg = lm.cfg.qwen
     max_len = args.context + args.steps + 4
-    device = lm.speech_embedding.weight.device
+    device = model.precision.torch_device
     cache = KVCache.for_config(cfg, batch, max_len, model.precision.kv_cache_dtype, device)
     slots = [cache.allocate() for _ in range(batch)]
     gen = torch.Generator().manual_seed(INPUT_SEED)

@@ -64,7 +64,7 @@ def _lm_logits(model: LoadedModel) -> torch.Tensor:
     token sequence, at the positions that predict speech tokens: (53, 6564)."""
     gen = torch.Generator().manual_seed(7)
     lm = model.lm
-    device = lm.speech_embedding.weight.device
+    device = model.precision.torch_device
     text = torch.randint(0, lm.cfg.qwen.vocab_size, (8,), generator=gen).to(device)
     prompt = torch.randint(0, lm.cfg.speech_token_size, (12,), generator=gen).to(device)
     tokens = torch.randint(0, lm.cfg.speech_token_size, (40,), generator=gen).to(device)
