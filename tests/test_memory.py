@@ -3,13 +3,18 @@
 Each measurement runs in a new interpreter: what a process freed before (and kept, once
 any engine of the test session has started) would hide the page faults being counted."""
 
+import ctypes
 import json
+import mmap
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
-from cosyserve.memory import retain_freed_memory
+from cosyserve.memory import prefetch, retain_freed_memory
 
 _ROUNDS = """
 import json, resource, sys, threading
@@ -69,3 +74,29 @@ def test_pretouched_memory_serves_the_first_tensors_without_page_faults() -> Non
     fresh, _ = _faults_of_two_rounds("retain")
     first, second = _faults_of_two_rounds("pretouch")
     assert fresh > 2048 * 64 and max(first, second) < fresh // 50
+
+
+def _resident_share(tensor: torch.Tensor) -> float:
+    """Share of the pages under ``tensor`` in the page cache (``mincore``)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    storage = tensor.untyped_storage()
+    start = storage.data_ptr() // mmap.PAGESIZE * mmap.PAGESIZE
+    pages = -(-(storage.data_ptr() + storage.nbytes() - start) // mmap.PAGESIZE)
+    vector = (ctypes.c_ubyte * pages)()
+    assert libc.mincore(start, pages * mmap.PAGESIZE, vector) == 0, ctypes.get_errno()
+    return sum(byte & 1 for byte in vector) / pages
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_prefetch_reads_a_memory_mapped_tensor_into_the_page_cache(tmp_path: Path) -> None:
+    path = tmp_path / "weights.pt"
+    torch.save({"embedding": torch.randn(4096, 512)}, path)  # 8 MiB
+    with path.open("rb") as file:  # out of the page cache, once written to disk
+        os.fsync(file.fileno())
+        os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    embedding = torch.load(path, mmap=True, weights_only=True)["embedding"]
+    assert _resident_share(embedding) < 0.5
+    assert prefetch(embedding) == embedding.untyped_storage().nbytes()
+    assert _resident_share(embedding) == 1.0
+    assert prefetch(torch.randn(4096, 512)) == 0  # anonymous memory: nothing to read

@@ -11,6 +11,7 @@ import torch
 from cosyserve.engine.config import EngineConfig
 from cosyserve.engine.flow_cache_mode import FlowCacheMode, default_flow_cache
 from cosyserve.frontend.features import PromptFeatureExtractor
+from cosyserve.memory import prefetch
 from cosyserve.modeldir.hparams import ModelHParams
 from cosyserve.modeldir.layout import ModelDir
 from cosyserve.models.flow.flow import Flow, flow_checkpoint_table
@@ -141,6 +142,8 @@ def _load_lm(model_dir: ModelDir, hp: ModelHParams, precision: Precision) -> Cos
     quantize_lm_(lm, precision)
     lm.lay_out_head_for_decode_()
     lm.eval().requires_grad_(False)
+    # Memory-mapped in float32 and read a few rows per request: have its file read now.
+    prefetch(lm.qwen.embed_tokens.weight)
     if precision.compile:
         compile_lm_(lm, precision)
     return lm
