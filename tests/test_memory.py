@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosyserve.memory import prefetch, retain_freed_memory
+from cosyserve.memory import prefetch, release_pages, retain_freed_memory
 
 _ROUNDS = """
 import json, resource, sys, threading
@@ -100,3 +100,35 @@ def test_prefetch_reads_a_memory_mapped_tensor_into_the_page_cache(tmp_path: Pat
     assert prefetch(embedding) == embedding.untyped_storage().nbytes()
     assert _resident_share(embedding) == 1.0
     assert prefetch(torch.randn(4096, 512)) == 0  # anonymous memory: nothing to read
+
+
+def _mapped_resident_kib(tensor: torch.Tensor) -> int:
+    """Resident KiB of the file mapping holding ``tensor``, from ``/proc/self/smaps``."""
+    address = tensor.untyped_storage().data_ptr()
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            start, end = (int(bound, 16) for bound in head.split("-"))
+            inside = start <= address < end
+        elif inside and head == "Rss:":
+            return int(line.split()[1])
+    raise AssertionError("the tensor is not in a mapping")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_release_pages_drops_a_mapped_tensors_pages_and_keeps_its_values(tmp_path: Path) -> None:
+    path = tmp_path / "weights.pt"
+    original = torch.randn(4096, 512)  # 8 MiB
+    torch.save({"weight": original, "other": torch.randn(1000)}, path)
+    weight = torch.load(path, mmap=True, weights_only=True)["weight"]
+    float(weight.sum())  # read: now resident in the process
+    assert _mapped_resident_kib(weight) >= 8192
+    released = release_pages([weight])
+    storage = weight.untyped_storage()
+    assert storage.nbytes() - 2 * mmap.PAGESIZE < released <= storage.nbytes()
+    assert _mapped_resident_kib(weight) < 64  # at most the pages it shares
+    assert torch.equal(weight, original)  # read back from the file, as it was
+    anonymous = original.clone()
+    assert release_pages([anonymous]) == 0
+    assert torch.equal(anonymous, original)

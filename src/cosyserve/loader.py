@@ -83,9 +83,10 @@ def _load_model(path: Path | str, precision: Precision) -> LoadedModel:
     hp = model_dir.hparams()
     tokenizer = model_dir.text_tokenizer()
     lm = _load_lm(model_dir, hp, precision)
-    flow = Flow(hp.flow)
+    # In its dtype before loading, so that each weight is converted as it is read.
+    flow = Flow(hp.flow).to(dtype=precision.flow_dtype)
     load_checkpoint(flow, model_dir.flow, flow_checkpoint_table(hp.flow))
-    flow.to(precision.torch_device, precision.flow_dtype)
+    flow.to(precision.torch_device)
     flow.fuse_projections_()
     if precision.flow_quantize is FlowQuantization.FP16:
         fp16_weights_(flow.cfm.estimator)

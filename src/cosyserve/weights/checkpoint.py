@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from cosyserve.errors import CheckpointError
+from cosyserve.memory import release_pages
 
 _WN_FORMS = (
     (".weight_g", ".weight_v"),
@@ -108,6 +109,9 @@ def load_checkpoint(module: nn.Module, path: Path, table: CheckpointTable) -> No
     """Fill ``module`` from the checkpoint at ``path`` through ``table``, checking everything.
 
     Tensors are assigned, not copied, so the memory-mapped file backs the parameters.
+    A tensor converted to the module's dtype is read once: its pages of the file are then
+    released (:func:`~cosyserve.memory.release_pages`), so that loading in another dtype
+    never holds the whole float32 file resident.
     """
     state = read_state_dict(path)
     if table.strip_prefix:
@@ -134,6 +138,9 @@ def load_checkpoint(module: nn.Module, path: Path, table: CheckpointTable) -> No
                 f"{path}: tensor {ckpt_key!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
             )
         mapped[module_key] = tensor.to(target.dtype)
+        if mapped[module_key].data_ptr() != tensor.data_ptr():
+            # Converted: the file's pages of the original are not needed again.
+            release_pages([tensor])
     module.load_state_dict(mapped, strict=True, assign=True)
 
 
