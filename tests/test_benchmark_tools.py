@@ -1,5 +1,6 @@
 """The measuring helpers of ``benchmarks/roofline.py`` and ``benchmarks/op_profile.py``, and
-that ``benchmarks/flow_weights.py`` and ``benchmarks/engine_ab.py`` run."""
+that ``benchmarks/flow_weights.py``, ``benchmarks/engine_ab.py`` and
+``benchmarks/load_memory.py`` run."""
 
 import importlib
 import json
@@ -103,6 +104,18 @@ def test_engine_ab_takes_turns_between_two_settings(tiny_model_dir: Path, tmp_pa
         assert all(0 < row["first_chunk_p50_s"] <= row["total_p50_s"] for row in rows)
         assert all(row["stage_s"]["flow"] > 0 for row in rows)
     assert set(report["summary"]) == set(report["turns"])
+
+
+def test_load_memory_reports_each_setting_and_new_text_reads_no_disk(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    args = ("--settings", "fp32,fp32+int8", "--cold", "--lookups", "3")
+    results = _run_script("load_memory.py", tiny_model_dir, tmp_path, *args)["results"]
+    assert [result["setting"] for result in results] == ["fp32", "fp32+int8"]
+    for result in results:
+        assert result["mib"]["VmHWM"] >= result["mib"]["VmRSS"] > 0
+        # Dropped from the page cache first, the embedding was read back at load.
+        assert result["lookup_major_faults"] == 0
 
 
 def _run_script(name: str, model_dir: Path, tmp_path: Path, *args: str) -> Any:

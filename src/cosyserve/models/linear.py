@@ -3,6 +3,8 @@
 import torch
 from torch import nn
 
+from cosyserve.memory import release_pages
+
 
 def stacked_linear(*linears: nn.Linear) -> nn.Linear:
     """One Linear computing ``linears`` (same input width) at once: their weight rows (and
@@ -15,4 +17,6 @@ def stacked_linear(*linears: nn.Linear) -> nn.Linear:
         stacked.bias = nn.Parameter(
             torch.cat([b.detach() for b in biases if b is not None]), requires_grad=False
         )
+    # The stacked copies replace them: their memory-mapped pages need not stay resident.
+    release_pages([linear.weight for linear in linears] + [b for b in biases if b is not None])
     return stacked

@@ -229,10 +229,11 @@ class Fp16WeightLinear(nn.Module):
 def fp16_weights_(module: nn.Module) -> None:
     """Replace every ``nn.Linear`` under ``module`` (float32, on the CPU) by an
     :class:`Fp16WeightLinear`, one at a time. The float32 weights are dropped
-    (memory-mapped ones are no longer read), the packed copies are private memory of half
-    their size."""
+    (memory-mapped ones are no longer read, and their pages are released), the packed copies
+    are private memory of half their size."""
     for (parent, name), linear in list(_linears(module)):
         setattr(parent, name, Fp16WeightLinear(linear))
+        release_pages([linear.weight])
 
 
 def _check_int8pack_width(linear: nn.Linear) -> None:
