@@ -1,5 +1,5 @@
 """``engine_config_for``: the engine's KV cache follows the loaded model's precision, and
-its streaming flow mode the model's device."""
+its streaming flow mode the model's device; loading leaves no tensor unloaded."""
 
 from pathlib import Path
 
@@ -46,3 +46,15 @@ def test_the_precision_fields_cannot_be_overridden(tiny_model_dir: Path) -> None
     model = load_model(tiny_model_dir, dtype="bf16")
     with pytest.raises(TypeError, match="dtype"):
         engine_config_for(model, dtype=torch.float32)
+
+
+@pytest.mark.parametrize(("dtype", "quantize"), [("fp32", "none"), ("bf16", "int8")])
+def test_every_weight_is_loaded_in_its_dtype(tiny_model_dir: Path, dtype: str, quantize: str) -> None:
+    # The LM and the flow are built on the meta device: a tensor loading missed would stay there.
+    model = load_model(tiny_model_dir, dtype=dtype, quantize=quantize)
+    for module in (model.lm, model.flow, model.hift):
+        tensors = [*module.parameters(), *module.buffers()]
+        assert tensors and all(t.device.type == "cpu" for t in tensors)
+    flow_dtype = model.precision.flow_dtype
+    assert {p.dtype for p in model.flow.parameters()} == {flow_dtype}
+    assert model.flow.cfm.noise.dtype == flow_dtype

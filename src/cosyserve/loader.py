@@ -83,8 +83,11 @@ def _load_model(path: Path | str, precision: Precision) -> LoadedModel:
     hp = model_dir.hparams()
     tokenizer = model_dir.text_tokenizer()
     lm = _load_lm(model_dir, hp, precision)
-    # In its dtype before loading, so that each weight is converted as it is read.
-    flow = Flow(hp.flow).to(dtype=precision.flow_dtype)
+    # On the meta device, as the LM: no random initial weights (its fixed noise is made on
+    # the CPU), and in its dtype, so that each weight is converted as it is read.
+    with torch.device("meta"):
+        flow = Flow(hp.flow)
+    flow.to(dtype=precision.flow_dtype)
     load_checkpoint(flow, model_dir.flow, flow_checkpoint_table(hp.flow))
     flow.to(precision.torch_device)
     flow.fuse_projections_()
