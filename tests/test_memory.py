@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosyserve.memory import prefetch, release_pages, retain_freed_memory
+from cosyserve.memory import PageReleaser, prefetch, release_pages, retain_freed_memory
 
 _ROUNDS = """
 import json, resource, sys, threading
@@ -132,3 +132,16 @@ def test_release_pages_drops_a_mapped_tensors_pages_and_keeps_its_values(tmp_pat
     anonymous = original.clone()
     assert release_pages([anonymous]) == 0
     assert torch.equal(anonymous, original)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_one_page_releaser_finds_files_mapped_after_its_first_call(tmp_path: Path) -> None:
+    release = PageReleaser()
+    tensors = []
+    for name in ("a.pt", "b.pt"):  # b.pt is mapped only after the first call
+        torch.save({"weight": torch.randn(1024, 512)}, tmp_path / name)  # 2 MiB
+        tensor = torch.load(tmp_path / name, mmap=True, weights_only=True)["weight"]
+        float(tensor.sum())
+        assert release([tensor]) > (2 << 20) - 2 * mmap.PAGESIZE
+        tensors.append(tensor)
+    assert all(_mapped_resident_kib(tensor) < 64 for tensor in tensors)

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from cosyserve.memory import release_pages
+from cosyserve.memory import PageReleaser
 from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.models.precision import Precision, PrecisionError, Quantization, require_torchao
 from cosyserve.models.qwen2 import DecoderLayer
@@ -64,6 +64,7 @@ def quantize_lm_(lm: CosyVoice2LM, precision: Precision) -> None:
     quantize_dynamic = ao_quantize_dynamic() if mode is Quantization.INT8 else None
     if mode is Quantization.INT8 and quantize_dynamic is None:
         logger.warning("torch.ao quantize_dynamic is unavailable; int8 uses weight-only int8 instead")
+    release = PageReleaser()
     for layer in layers:
         weights = [module.weight for module in layer.modules() if isinstance(module, nn.Linear)]
         if quantize_dynamic is None:
@@ -71,7 +72,7 @@ def quantize_lm_(lm: CosyVoice2LM, precision: Precision) -> None:
         else:
             int8_dynamic_([layer], quantize_dynamic)
         # Read once to quantize them: their pages of llm.pt need not stay resident.
-        release_pages(weights)
+        release(weights)
 
 
 def ao_quantize_dynamic() -> QuantizeDynamic | None:
@@ -231,9 +232,10 @@ def fp16_weights_(module: nn.Module) -> None:
     :class:`Fp16WeightLinear`, one at a time. The float32 weights are dropped
     (memory-mapped ones are no longer read, and their pages are released), the packed copies
     are private memory of half their size."""
+    release = PageReleaser()
     for (parent, name), linear in list(_linears(module)):
         setattr(parent, name, Fp16WeightLinear(linear))
-        release_pages([linear.weight])
+        release([linear.weight])
 
 
 def _check_int8pack_width(linear: nn.Linear) -> None:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from cosyserve.errors import CheckpointError
-from cosyserve.memory import release_pages
+from cosyserve.memory import PageReleaser
 
 _WN_FORMS = (
     (".weight_g", ".weight_v"),
@@ -131,6 +131,7 @@ def load_checkpoint(module: nn.Module, path: Path, table: CheckpointTable) -> No
     own = module.state_dict()
     _check_covers(own.keys(), expected.values(), table.file)
     mapped: dict[str, torch.Tensor] = {}
+    release = PageReleaser()
     for ckpt_key, module_key in table.entries:
         tensor, target = state[ckpt_key], own[module_key]
         if tensor.shape != target.shape:
@@ -140,7 +141,7 @@ def load_checkpoint(module: nn.Module, path: Path, table: CheckpointTable) -> No
         mapped[module_key] = tensor.to(target.dtype)
         if mapped[module_key].data_ptr() != tensor.data_ptr():
             # Converted: the file's pages of the original are not needed again.
-            release_pages([tensor])
+            release([tensor])
     module.load_state_dict(mapped, strict=True, assign=True)
 
 
