@@ -80,6 +80,7 @@ def fold_weight_norm(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tenso
     torch's default, so the norm of each output channel of a convolution).
     """
     out = dict(state)
+    release = PageReleaser()
     for g_suffix, v_suffix in _WN_FORMS:
         for key in [k for k in state if k.endswith(g_suffix)]:
             stem = key[: -len(g_suffix)]
@@ -88,6 +89,7 @@ def fold_weight_norm(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tenso
                 continue
             g, v = out.pop(key), out.pop(v_key)
             out[stem + ".weight"] = _fold(g, v)
+            release([g, v])  # read once; memory-mapped pages need not stay resident
     return out
 
 
