@@ -8,6 +8,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from cosyserve.engine.async_engine import AsyncEngine, EngineDeadError
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.request import GenerationSpec, Request
 from cosyserve.engine.scheduler import OverloadedError
-from cosyserve.loader import LoadedModel
+from cosyserve.loader import LoadedModel, load_model
 from tests.engine.helpers import (
     Result,
     assert_same,
@@ -113,6 +114,17 @@ def test_sixteen_concurrent_requests_match_their_solo_runs(
     assert_same(results, alone, [s.request_id for s in specs])
     assert engine.prefix_cache is not None and engine.prefix_cache.stats.hits >= len(specs)
     assert_idle(engine)
+
+
+@pytest.mark.filterwarnings("ignore:.*deprecated.*")
+def test_int8_requests_match_their_solo_runs(tiny_model_dir: Path) -> None:
+    # Dynamic int8 quantizes activations per call: per row, so that a request's tokens do
+    # not depend on the requests sharing its decode steps (with one scale per call, all 16
+    # differed from their solo runs).
+    model = load_model(tiny_model_dir, quantize="int8")
+    specs = mixed_specs(model)
+    results = run_together(make_engine(model, max_active=16), specs)
+    assert_same(results, run_alone(model, specs), [s.request_id for s in specs])
 
 
 def test_aborting_half_mid_stream_frees_everything(

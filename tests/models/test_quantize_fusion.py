@@ -1,5 +1,6 @@
 """Stacked projections under int8 dynamic quantization: the same logits as torch's
-quantization of the separate Linears, from fewer calls."""
+quantization of the separate Linears, from fewer calls; each input row quantized on its
+own, so a row's output does not depend on the rows beside it."""
 
 import copy
 from pathlib import Path
@@ -42,6 +43,11 @@ def test_int8_stacks_projections_and_matches_separate_quantized_linears(tiny_mod
     assert quantize_dynamic is not None
     qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
     quantize_dynamic(separate, {nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
+    ao_linear = type(separate[0].self_attn.q_proj)
+    for parent in list(separate.modules()):  # each called row by row, as the model's are
+        for name, child in list(parent.named_children()):
+            if isinstance(child, ao_linear):
+                setattr(parent, name, Int8DynamicLinear.from_ao(child))
     reference.qwen.layers = separate
     gen = torch.Generator().manual_seed(5)
     tokens = torch.randint(0, reference.cfg.speech_token_size, (12,), generator=gen)
@@ -49,3 +55,29 @@ def test_int8_stacks_projections_and_matches_separate_quantized_linears(tiny_mod
         embeds = [lm.speech_embedding(tokens)[None] for lm in (model.lm, reference)]
         got, want = (lm.teacher_forced(e)[1] for lm, e in zip((model.lm, reference), embeds, strict=True))
     assert torch.equal(got, want)
+
+
+@pytest.mark.filterwarnings("ignore:.*deprecated.*")
+@pytest.mark.skipif(ao_quantize_dynamic() is None, reason="this torch has no torch.ao dynamic quantization")
+def test_int8_rows_are_quantized_alone_whatever_the_batch() -> None:
+    gen = torch.Generator().manual_seed(0)
+    linear = nn.Linear(64, 48)
+    for p in linear.parameters():
+        p.data = torch.randn(p.shape, generator=gen) * 0.1
+    quantize_dynamic = ao_quantize_dynamic()
+    assert quantize_dynamic is not None
+    ao = quantize_dynamic(nn.Sequential(linear), {nn.Linear}, dtype=torch.qint8)[0]
+    int8 = Int8DynamicLinear.from_ao(ao)
+    # Rows of very different magnitudes, one of them all zeros.
+    x = torch.randn(6, 64, generator=gen) * torch.tensor([0.01, 0.1, 1.0, 10.0, 100.0, 0.0])[:, None]
+    with torch.inference_mode():
+        batched = int8(x)
+        alone = torch.cat([int8(row[None]) for row in x])
+        want = linear(x)
+        per_tensor = ao(x)  # torch's op on the whole batch: one scale for every row
+    assert torch.equal(batched, alone)
+    assert torch.equal(batched[5], linear.bias.detach())
+    error = ((batched - want).abs().sum(1) / want.abs().sum(1))[:5]
+    assert error.max() < 0.05  # 7-bit activations on each row's own range
+    # On one scale the quiet rows lose most of their precision.
+    assert ((per_tensor - want).abs().sum(1) / want.abs().sum(1))[:2].min() > 4 * error[:2].max()
