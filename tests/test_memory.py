@@ -96,7 +96,8 @@ def test_prefetch_reads_a_memory_mapped_tensor_into_the_page_cache(tmp_path: Pat
         os.fsync(file.fileno())
         os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     embedding = torch.load(path, mmap=True, weights_only=True)["embedding"]
-    assert _resident_share(embedding) < 0.5
+    if _resident_share(embedding) > 0.5:
+        pytest.skip("this file system keeps files in memory (tmpfs): nothing to read")
     assert prefetch(embedding) == embedding.untyped_storage().nbytes()
     assert _resident_share(embedding) == 1.0
     assert prefetch(torch.randn(4096, 512)) == 0  # anonymous memory: nothing to read
