@@ -130,8 +130,9 @@ class Int8DynamicLinear(nn.Module):
     [-1, 1] whatever the batch. Every row is then rounded on the same grid, the int8
     products are exact integers, and each output row is scaled back by its own factor
     before the bias is added: a row's output is bit-identical alone and in any batch. This
-    costs four small ops per call, about 4.7 ms of a batch-1 decode step (28.4 -> 33.1 ms
-    on 2 cores of an AMX Xeon; ``docs/precision.md``). The ao module's ``forward`` is
+    costs five small ops per call (norm, clamp, divide, join, scale back), about 4.7 ms
+    of a batch-1 decode step (28.4 -> 33.1 ms on 2 cores of an AMX Xeon;
+    ``docs/precision.md``). The ao module's ``forward`` is
     skipped: it reaches its packed weights through a submodule and re-checks their dtype
     on every call (6 % of a batch-1 step).
     """
