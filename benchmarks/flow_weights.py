@@ -1,23 +1,28 @@
-"""A stream's first flow chunk and a non-streaming flow, float32 estimator against fp16
-estimator weights (``flow_quantize = fp16``), and short convolutions as convolutions
-against as matrix products (``blocks.GEMM_CONV_ROWS``); calls interleaved in one process.
+"""A stream's first flow chunk and a non-streaming flow in variants of the estimator's
+weights and convolutions; calls interleaved in one process.
 
-    python benchmarks/flow_weights.py --model-dir /tmp/cv2-full-bench --json out.json
+    python benchmarks/flow_weights.py --model-dir /tmp/cv2-full-bench [--variants conv,fp32,fp16]
+        [--json out.json]
 
-Three variants of the flow of ``--model-dir`` (loaded as the server loads it, q/k/v
-stacked; float32):
+The variants of the flow of ``--model-dir`` (loaded as the server loads it, q/k/v
+stacked), the first listed being the reference:
 
-- ``conv``: every estimator convolution through torch's convolution (``GEMM_CONV_ROWS``
-  set to 0 around its calls), as before short convolutions ran as matrix products;
-- ``fp32``: as loaded by default;
-- ``fp16``: the estimator's Linears with float16 weights (``quantize.fp16_weights_``).
+- ``conv``: float32, every estimator convolution through torch's convolution
+  (``GEMM_CONV_ROWS`` set to 0 around its calls), as before short convolutions ran as
+  matrix products;
+- ``fp32``: float32 as loaded by default;
+- ``fp16``: float32 with the estimator's Linears on float16 weights
+  (``quantize.fp16_weights_``, ``flow_quantize = fp16``);
+- ``bf16``: bfloat16 with torch's ``F.linear``;
+- ``bf16-packed``: bfloat16 with the estimator's Linears packed for oneDNN
+  (``packed_linear.pack_linears_``, what loading a bf16 model does).
 
 Each runs a stream's first chunk of ``--first-hop`` tokens after a ``--prompt``-token voice
 prompt primed whole (``Flow.prime_stream(whole=True)``, what the first audio waits for)
 ``--repeats`` times, the variants in turn within each repeat, and a non-streaming flow
 over the prompt and ``--tokens`` tokens ``--full-repeats`` times. Prints each call's wall
-and CPU seconds, the medians, and each variant's max and mean |mel difference| from
-``conv`` (the float32 reference).
+and CPU seconds, the medians, and each variant's max and mean |mel difference| from the
+reference.
 """
 
 import argparse
@@ -35,6 +40,7 @@ from flow_streaming import load_flow  # benchmarks/ is on the path when run as a
 
 from cosyserve.models.flow import blocks
 from cosyserve.models.flow.flow import Flow
+from cosyserve.models.packed_linear import pack_linears_
 from cosyserve.models.quantize import fp16_weights_
 from cosyserve.pipeline.chunking import ChunkSchedule
 
@@ -57,16 +63,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--full-repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--variants", default="conv,fp32,fp16", help=f"from {', '.join(VARIANTS)}")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    flows = {"conv": load_flow(args.model_dir, "full", 0), "fp32": load_flow(args.model_dir, "full", 0)}
-    flows["fp16"] = load_flow(args.model_dir, "full", 0)
-    for flow in flows.values():
-        flow.fuse_projections_()
-    fp16_weights_(flows["fp16"].cfm.estimator)
+    names = args.variants.split(",")
+    if unknown := set(names) - set(VARIANTS):
+        parser.error(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+    flows = {name: load_variant(args.model_dir, name) for name in names}
+    reference = names[0]
     calls = {name: workloads(name, flow, args) for name, flow in flows.items()}
 
     runs: dict[str, dict[str, list[list[float]]]] = {name: {"first": [], "full": []} for name in flows}
@@ -88,15 +95,31 @@ def main() -> None:
         for work in ("first", "full"):
             row[f"{work}_median_wall_s"] = statistics.median(w for w, _ in runs[name][work])
             row[f"{work}_median_cpu_s"] = statistics.median(c for _, c in runs[name][work])
-            diff = (mels[name][work] - mels["conv"][work]).abs()
+            diff = (mels[name][work].float() - mels[reference][work].float()).abs()
             row[f"{work}_mel_max_abs_diff"] = float(diff.max())
             row[f"{work}_mel_mean_abs_diff"] = float(diff.mean())
         summary[name] = row
         print(name, json.dumps(row), flush=True)
-    print(f"load average after: {os.getloadavg()[0]:.2f}; mel std {float(mels['conv']['full'].std()):.3f}")
+    mel_std = float(mels[reference]["full"].float().std())
+    print(f"load average after: {os.getloadavg()[0]:.2f}; mel std {mel_std:.3f}")
     if args.json:
         report = {"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs, "summary": summary}
         args.json.write_text(json.dumps(report, indent=2))
+
+
+VARIANTS = ("conv", "fp32", "fp16", "bf16", "bf16-packed")
+
+
+def load_variant(model_dir: Path, name: str) -> Flow:
+    flow = load_flow(model_dir, "full", 0)
+    if name.startswith("bf16"):
+        flow.to(torch.bfloat16)
+    flow.fuse_projections_()
+    if name == "fp16":
+        fp16_weights_(flow.cfm.estimator)
+    elif name == "bf16-packed" and not pack_linears_(flow.cfm.estimator):
+        raise SystemExit("oneDNN packed bf16 Linears are unavailable here")
+    return flow
 
 
 def workloads(name: str, flow: Flow, args: argparse.Namespace) -> dict[str, Callable[[], torch.Tensor]]:

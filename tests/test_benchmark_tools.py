@@ -14,6 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cosyserve.models.packed_linear import packing_available
+
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 
 
@@ -93,6 +95,16 @@ def test_flow_weights_compares_every_variant(tiny_model_dir: Path, tmp_path: Pat
     for work in ("first", "full"):
         assert summary["fp32"][f"{work}_mel_max_abs_diff"] < 1e-4  # the same sums, reordered
         assert 0 < summary["fp16"][f"{work}_mel_max_abs_diff"] < 0.01
+
+
+@pytest.mark.skipif(not packing_available(), reason="no oneDNN bf16 matmul on this CPU")
+def test_flow_weights_packed_bf16_gives_the_same_mel(tiny_model_dir: Path, tmp_path: Path) -> None:
+    args = ("--prompt", "10", "--tokens", "20", "--repeats", "1", "--variants", "bf16,bf16-packed")
+    summary = _run_script("flow_weights.py", tiny_model_dir, tmp_path, *args)["summary"]
+    assert list(summary) == ["bf16", "bf16-packed"]
+    for work in ("first", "full"):
+        assert summary["bf16-packed"][f"{work}_mel_max_abs_diff"] == 0.0
+        assert summary["bf16-packed"][f"{work}_median_wall_s"] > 0
 
 
 def test_engine_ab_takes_turns_between_two_settings(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from cosyserve.models.flow.flow import Flow, flow_checkpoint_table
 from cosyserve.models.hift.generator import HiFTGenerator, hift_checkpoint_table
 from cosyserve.models.lm import CosyVoice2LM, lm_checkpoint_table
 from cosyserve.models.lm_compile import compile_lm_
+from cosyserve.models.packed_linear import pack_linears_
 from cosyserve.models.precision import Dtype, FlowQuantization, Precision, Quantization
 from cosyserve.models.quantize import fp16_weights_, quantize_lm_
 from cosyserve.parallelism import call_on_own_thread
@@ -93,6 +94,8 @@ def _load_model(path: Path | str, precision: Precision) -> LoadedModel:
     flow.fuse_projections_()
     if precision.flow_quantize is FlowQuantization.FP16:
         fp16_weights_(flow.cfm.estimator)
+    elif precision.flow_dtype == torch.bfloat16 and not precision.on_cuda:
+        pack_linears_(flow.cfm.estimator)
     hift = HiFTGenerator(hp.hift)
     load_checkpoint(hift, model_dir.hift, hift_checkpoint_table(hp.hift))
     hift.to(precision.torch_device, precision.hift_dtype)

@@ -1,0 +1,93 @@
+"""bfloat16 Linear layers whose weights are laid out for oneDNN once, at load.
+
+torch's CPU bfloat16 ``F.linear`` runs a oneDNN matmul that first reorders the weight into
+the blocked layout its kernels (AMX tiles, AVX-512 bf16) read, on every call. The flow
+estimator makes about 2,500 Linear calls per stream chunk (10 Euler steps x 56
+transformer blocks x 4, plus the resnets), each on a weight of 0.25-0.75 MiB and, in a
+stream's first chunk, only 20 rows (10 frames, both CFG branches): there the reorder is
+a large share of the call. :class:`PackedLinear` keeps the reordered weight
+(``mkldnn::_reorder_linear_weight``) and calls the matmul on it directly
+(``mkldnn::_linear_pointwise``, the op torch's own compiler emits for frozen CPU
+Linears). The results are bit-identical to ``F.linear``'s on a contiguous input: the same
+kernel on the same weight; only the per-call reorder is gone. (On a strided view
+``F.linear`` takes another path whose sums differ in the last bits; the packed call gives
+the contiguous result. The estimator's Linears all get contiguous inputs.)
+
+On 2 cores of an Intel Xeon with AMX, calls interleaved in one process, a stream's first
+flow chunk took 0.41 s against 0.46 s and a non-streaming flow (3 s prompt, 6 s of audio)
+2.81 s against 2.99 s, with the same mel (``benchmarks/flow_weights.py``;
+``docs/benchmarks.md``, "Packed bf16 weights").
+"""
+
+import logging
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+
+class PackedLinear(nn.Module):
+    """A bfloat16 CPU Linear on a weight reordered once for oneDNN (see the module doc).
+
+    The packed weight is an opaque oneDNN tensor: it has no storage to share, copy or
+    move, so it is held as a plain attribute, not a parameter or buffer."""
+
+    bias: torch.Tensor | None
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        weight = linear.weight.detach()
+        if not _bf16_on_cpu(weight):
+            raise ValueError(
+                f"PackedLinear takes a bfloat16 CPU Linear, not {weight.dtype} on {weight.device}"
+            )
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        bias = None if linear.bias is None else linear.bias.detach()
+        self.register_buffer("bias", bias, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: (..., in) bfloat16 -> (..., out) bfloat16."""
+        y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return y
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bf16 packed for oneDNN"
+
+
+def packing_available() -> bool:
+    """Whether this torch and CPU run oneDNN's bfloat16 matmul on packed weights: the ops
+    exist and work on a small case, with bfloat16 instructions (AVX-512 bf16 or AMX)."""
+    try:
+        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return False
+        probe = nn.Linear(32, 16, dtype=torch.bfloat16)
+        x = torch.ones(2, 32, dtype=torch.bfloat16)
+        return bool(torch.equal(PackedLinear(probe)(x), probe(x)))
+    except (AttributeError, RuntimeError) as exc:
+        logger.warning("oneDNN packed bf16 Linears are unavailable (%s); using F.linear", type(exc).__name__)
+        return False
+
+
+def pack_linears_(module: nn.Module) -> int:
+    """Replace every bfloat16 CPU ``nn.Linear`` under ``module`` by a :class:`PackedLinear`
+    in place; returns how many. Nothing changes where :func:`packing_available` says no.
+    The reordered copies replace the weights, which were private bfloat16 copies of the
+    checkpoint's float32 ones: memory stays the same."""
+    if not packing_available():
+        return 0
+    targets = [
+        (parent, name, child)
+        for parent in module.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear) and _bf16_on_cpu(child.weight)
+    ]
+    for parent, name, linear in targets:
+        setattr(parent, name, PackedLinear(linear))
+    return len(targets)
+
+
+def _bf16_on_cpu(weight: torch.Tensor) -> bool:
+    return weight.dtype == torch.bfloat16 and weight.device.type == "cpu"

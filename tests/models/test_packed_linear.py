@@ -1,0 +1,93 @@
+"""bfloat16 Linears packed for oneDNN: the same outputs as ``F.linear``, swapped in for the
+bf16 flow estimator's Linears at load, and nothing swapped where the ops are missing."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cosyserve import loader
+from cosyserve.loader import load_model
+from cosyserve.models import packed_linear
+from cosyserve.models.flow.flow import Flow
+from cosyserve.models.packed_linear import PackedLinear, pack_linears_, packing_available
+
+needs_packing = pytest.mark.skipif(not packing_available(), reason="no oneDNN bf16 matmul on this CPU")
+
+
+def _flow_mel(flow: Flow, streaming: bool) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, 6561, (1, 30), generator=gen)
+    prompt = torch.randint(0, 6561, (1, 10), generator=gen)
+    prompt_mel = torch.randn(1, 20, 80, generator=gen) - 5.0
+    embedding = torch.randn(1, 192, generator=gen)
+    return flow.inference(tokens, prompt, prompt_mel, embedding, streaming=streaming, finalize=True)
+
+
+@needs_packing
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_linear_gives_f_linear_bit_for_bit(bias: bool) -> None:
+    gen = torch.Generator().manual_seed(0)
+    linear = nn.Linear(96, 40, bias=bias).to(torch.bfloat16)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(40, 96, generator=gen))
+    packed = PackedLinear(linear)
+    cases = [
+        torch.randn(20, 96, generator=gen),  # a stream chunk's rows
+        torch.randn(2, 450, 96, generator=gen),  # a non-streaming pass, batched
+        torch.randn(2, 96, 7, generator=gen).transpose(1, 2),  # a strided view
+    ]
+    with torch.inference_mode():
+        for x in cases:
+            x = x.to(torch.bfloat16)
+            got = packed(x)
+            assert got.dtype == torch.bfloat16 and got.shape == (*x.shape[:-1], 40)
+            # F.linear takes another path for a strided view (its result differs in the last
+            # bits from its own on the contiguous copy); the packed call does not.
+            assert torch.equal(got, F.linear(x.contiguous(), linear.weight, linear.bias))
+
+
+def test_packed_linear_refuses_other_dtypes() -> None:
+    with pytest.raises(ValueError, match=r"takes a bfloat16 CPU Linear, not torch\.float32"):
+        PackedLinear(nn.Linear(8, 8))
+
+
+@needs_packing
+def test_pack_linears_swaps_only_bf16_linears() -> None:
+    inner = nn.Sequential(nn.Linear(16, 16).bfloat16())
+    model = nn.Sequential(nn.Linear(16, 16).bfloat16(), inner, nn.Linear(16, 4))
+    assert pack_linears_(model) == 2
+    assert isinstance(model[0], PackedLinear) and isinstance(inner[0], PackedLinear)
+    assert type(model[2]) is nn.Linear
+
+
+def test_pack_linears_changes_nothing_without_the_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(packed_linear, "packing_available", lambda: False)
+    model = nn.Sequential(nn.Linear(16, 16).bfloat16())
+    assert pack_linears_(model) == 0
+    assert type(model[0]) is nn.Linear
+
+
+@needs_packing
+def test_bf16_flow_estimator_is_packed_and_computes_the_same_mel(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    packed = load_model(tiny_model_dir, dtype="bf16").flow
+    monkeypatch.setattr(loader, "pack_linears_", lambda module: 0)
+    plain = load_model(tiny_model_dir, dtype="bf16").flow
+    estimator = packed.cfm.estimator
+    assert not any(isinstance(m, nn.Linear) for m in estimator.modules())
+    swapped = sum(isinstance(m, PackedLinear) for m in estimator.modules())
+    assert swapped == sum(isinstance(m, nn.Linear) for m in plain.cfm.estimator.modules()) > 0
+    # The encoder keeps its Linears: it runs once per chunk, not once per Euler step.
+    assert any(type(m) is nn.Linear for m in packed.encoder.modules())
+    with torch.inference_mode():
+        for streaming in (False, True):
+            assert torch.equal(_flow_mel(packed, streaming), _flow_mel(plain, streaming))
+
+
+def test_float32_flow_is_not_packed(tiny_model_dir: Path) -> None:
+    flow = load_model(tiny_model_dir).flow
+    assert not any(isinstance(m, PackedLinear) for m in flow.modules())
