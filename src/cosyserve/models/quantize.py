@@ -130,9 +130,9 @@ class Int8DynamicLinear(nn.Module):
     [-1, 1] whatever the batch. Every row is then rounded on the same grid, the int8
     products are exact integers, and each output row is scaled back by its own factor
     before the bias is added: a row's output is bit-identical alone and in any batch. This
-    costs five small ops per call (norm, clamp, divide, join, scale back), about 4.7 ms
-    of a batch-1 decode step (28.4 -> 33.1 ms on 2 cores of an AMX Xeon;
-    ``docs/precision.md``). The ao module's ``forward`` is
+    costs six small ops per call (abs, max, clamp, divide, join, scale back), about 4.7 ms
+    of a batch-1 decode step when the max was ``linalg.vector_norm`` (28.4 -> 33.1 ms on 2
+    cores of an AMX Xeon; ``docs/precision.md``). The ao module's ``forward`` is
     skipped: it reaches its packed weights through a submodule and re-checks their dtype
     on every call (6 % of a batch-1 step).
     """
@@ -174,8 +174,10 @@ class Int8DynamicLinear(nn.Module):
         does on x86 (``reduce_range``), each row on its own scale."""
         rows = x.reshape(-1, self.in_features)  # (M, in)
         # Each row's largest magnitude (a zero row stays zero); dividing by it gives exactly
-        # +-1 where it is reached and no magnitude above 1 elsewhere.
-        scale = torch.linalg.vector_norm(rows, float("inf"), dim=1, keepdim=True).clamp_min_(1e-30)
+        # +-1 where it is reached and no magnitude above 1 elsewhere. abs().amax() is the
+        # inf-norm, exactly, and 3-12x faster than linalg.vector_norm's reduction here (88
+        # prefill rows of 4864: 47 against 588 us), which took 14 % of a prefill.
+        scale = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)
         scaled = torch.cat([rows / scale, self.ends])  # (M + 1, in): the op's range is [-1, 1]
         # The overload itself: the op packet's call first looks for script objects in the
         # arguments in Python, about 1 % of a batch-1 decode step.
