@@ -106,6 +106,11 @@ class Settings(BaseSettings):
         description="On a CUDA device, replay LM decode steps from CUDA graphs captured at start; "
         "ignored on CPU.",
     )
+    traced_decode: bool = Field(
+        True,
+        description="On a CPU, replay LM decode steps from TorchScript traces made at start "
+        "(a few seconds), skipping the Python between their ops; ignored on CUDA.",
+    )
     pretouch_mb: int = Field(
         0,
         ge=0,

@@ -58,7 +58,7 @@ def assert_idle(engine: Engine) -> None:
     cache = engine.lm_runner.cache
     assert not engine.has_work() and engine.active_requests == 0
     assert len(engine.scheduler) == 0
-    assert cache.free_slots == cache.max_slots
+    assert cache.free_slots == engine.config.max_active  # every request slot (not the scratch slot)
     prefix = engine.prefix_cache
     assert prefix is None or len(prefix) <= prefix.max_blocks
 
@@ -93,10 +93,14 @@ async def wait_idle(engine: AsyncEngine, timeout: float = 60.0) -> None:
 # -- one engine, driven here ---------------------------------------------------------------
 
 
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
 def test_sixteen_concurrent_requests_match_their_solo_runs(
-    tiny_model: LoadedModel, specs: list[GenerationSpec], alone: dict[str, Result]
+    tiny_model: LoadedModel, specs: list[GenerationSpec], alone: dict[str, Result], traced: bool
 ) -> None:
-    engine = make_engine(tiny_model, max_active=16)
+    # Traced: decode steps replayed from TorchScript traces (the CPU default), padded to
+    # batch buckets of 1-16 and reading keys up to span buckets; the solo runs are eager.
+    engine = make_engine(tiny_model, max_active=16, traced_decode=traced)
+    assert (engine.lm_runner.decode_graphs is not None) == traced
     results = run_together(engine, specs)
     assert_same(results, alone, [s.request_id for s in specs])
     # They ran as one batch (16 requests of 12..42 tokens: mostly 16 per step).

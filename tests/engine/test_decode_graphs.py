@@ -1,17 +1,28 @@
 """Decode steps replayed from static buffers (``decode_graphs``) against eager steps.
 
-On CPU the steps are "captured" by :func:`eager_capture` (a replay runs the step again on
-the same buffers), which checks everything but the recording itself: padding to a
-captured batch size, the scratch slot, spans and their masks, and the cache's
-bookkeeping. The CUDA test records real CUDA graphs; it runs where a GPU is present.
+On CPU the steps are recorded as TorchScript traces (:class:`TraceCapture`, the CPU
+default) or "captured" by :func:`eager_capture` (a replay runs the step again on the same
+buffers), which checks everything but the recording itself: padding to a captured batch
+size, the scratch slot, spans and their masks, and the cache's bookkeeping. The CUDA test
+records real CUDA graphs; it runs where a GPU is present.
 """
 
 import copy
+import logging
+import threading
 
 import pytest
 import torch
 
-from cosyserve.engine.decode_graphs import Capture, CudaGraphCapture, DecodeGraphs, buckets, eager_capture
+from cosyserve.engine.config import EngineConfig
+from cosyserve.engine.decode_graphs import (
+    Capture,
+    CudaGraphCapture,
+    DecodeGraphs,
+    TraceCapture,
+    buckets,
+    eager_capture,
+)
 from cosyserve.engine.engine import Engine
 from cosyserve.loader import LoadedModel
 from cosyserve.modeldir.presets import TINY
@@ -69,6 +80,48 @@ def test_replayed_steps_match_eager_steps(lm: CosyVoice2LM) -> None:
 
 
 @torch.inference_mode()
+def test_traced_steps_match_eager_steps(lm: CosyVoice2LM) -> None:
+    _compare_steps(lm, "cpu", TraceCapture(lm))
+
+
+@torch.inference_mode()
+def test_a_traced_step_computes_what_the_static_step_computes(lm: CosyVoice2LM) -> None:
+    # Two caches with the same prompts: one replayed from traces, one by running the step
+    # again. The traced ops are the step's own, so every output is the same, bit for bit.
+    caches = [_prefilled(lm, 4, 32)[0] for _ in range(2)]
+    traced, rerun = (
+        DecodeGraphs(lm, cache, capture, batch_sizes=(1, 4), spans=(16, 32))
+        for cache, capture in zip(caches, (TraceCapture(lm), eager_capture), strict=True)
+    )
+    gen = torch.Generator().manual_seed(3)
+    for active in ([0, 1, 2], [1], [2, 0]):
+        tokens = torch.randint(0, CFG.speech_token_size, (len(active),), generator=gen)
+        assert torch.equal(traced.decode(tokens, active), rerun.decode(tokens, active))
+    assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
+
+
+@torch.inference_mode()
+def test_an_lm_that_cannot_be_traced_runs_its_steps_eagerly(
+    lm: CosyVoice2LM, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("not traceable")
+
+    monkeypatch.setattr(torch.jit, "trace", refuse)
+    cache, slots = _prefilled(lm, 4, 32)
+    with caplog.at_level(logging.WARNING, "cosyserve.engine.decode_graphs"):
+        graphs = DecodeGraphs(lm, cache, TraceCapture(lm), batch_sizes=(1, 2), spans=(16, 32))
+    assert [r.message for r in caplog.records] == [
+        "decode steps run eagerly: the LM could not be traced (RuntimeError)"
+    ]
+    eager_cache, _ = _prefilled(lm, 3, 32)
+    tokens = torch.tensor([3, 4])
+    torch.testing.assert_close(
+        graphs.decode(tokens, slots[:2]), lm.decode(tokens, slots[:2], eager_cache), rtol=1e-5, atol=1e-5
+    )
+
+
+@torch.inference_mode()
 def test_refuses_what_no_graph_fits(lm: CosyVoice2LM) -> None:
     cache, slots = _prefilled(lm, 4, 32)
     graphs = DecodeGraphs(lm, cache, eager_capture, batch_sizes=(1, 2), spans=(32,))
@@ -92,10 +145,20 @@ def test_buckets_double_up_to_the_limit() -> None:
     assert buckets(2048, 128) == (128, 256, 512, 1024, 2048)
 
 
+def test_engine_traces_decode_steps_on_a_cpu_by_default(tiny_model: LoadedModel) -> None:
+    model = tiny_model
+    engine = Engine(model.lm, model.flow, model.hift, EngineConfig(max_active=4, max_len=256))
+    graphs = engine.lm_runner.decode_graphs
+    assert graphs is not None and graphs.batch_sizes == (1, 2, 4) and graphs.spans == (128, 256)
+    assert len(graphs.replays) == 6 and engine.lm_runner.cache.max_slots == 5
+    # Traced on a thread of its own: no thread but the caller's is left behind.
+    assert not any(t.name == "cosyserve-trace" for t in threading.enumerate())
+
+
 def test_engine_with_replayed_steps_gives_the_same_requests(tiny_model: LoadedModel) -> None:
     specs = mixed_specs(tiny_model, count=6)
     eager = make_engine(tiny_model, max_active=4)
-    assert eager.lm_runner.decode_graphs is None  # CPU: no graphs unless asked
+    assert eager.lm_runner.decode_graphs is None  # traced_decode off: eager steps
     model = tiny_model
     replayed = Engine(model.lm, model.flow, model.hift, eager.config, decode_capture=eager_capture)
     graphs = replayed.lm_runner.decode_graphs

@@ -1,9 +1,13 @@
-"""Batched LM decode steps replayed from captured graphs: CUDA graphs on a GPU.
+"""Batched LM decode steps replayed from captured graphs: CUDA graphs on a GPU,
+TorchScript traces on a CPU.
 
 A decode step of a 0.5B model is a few hundred small kernels; launched one by one from
 Python, a GPU spends most of the step waiting for the launches. A CUDA graph records
-the launches of one step once and replays them with one call. A graph fixes every shape
-and address, so a captured step works on static buffers:
+the launches of one step once and replays them with one call. On a CPU the same step
+spends about a quarter of its time in Python and dispatch between its ops; a TorchScript
+trace records the ops once and replays them in TorchScript's interpreter (a batch-1 int8
+step on 2 cores of an AMX Xeon: 23.5 against 31 ms). Either fixes every shape, so a
+captured step works on static buffers:
 
 - the batch is padded up to a captured size (1, 2, 4, ... ``max_batch``); padded rows
   write their keys and values into a scratch slot of the KV cache that no request gets;
@@ -18,15 +22,18 @@ The KV cache's bookkeeping (which slot holds how many positions) stays on the ho
 eager: its lengths vary and it runs once per request.
 
 How a graph is captured is a :data:`Capture` passed in: :class:`CudaGraphCapture` on a
-GPU; :func:`eager_capture` replays by running the step again (CPU, where there is no
-graph to record), which checks the static-buffer path against the eager one.
+GPU, :class:`TraceCapture` on a CPU; :func:`eager_capture` replays by running the step
+again, which checks the static-buffer path against the eager one.
 """
 
+import logging
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 import torch
+from torch import nn
 
 from cosyserve.models.kv_cache import KVCache, causal_mask
 from cosyserve.models.lm import CosyVoice2LM
@@ -37,10 +44,61 @@ Capture = Callable[[Replay], Replay]
 
 _FIRST_SPAN = 128
 
+logger = logging.getLogger(__name__)
+
 
 def eager_capture(step: Replay) -> Replay:
     """No graph: each replay runs ``step`` again, on the same buffers."""
     return step
+
+
+class _StepModule(nn.Module):
+    """``step`` as a module that holds ``lm``: tracing records calls on objects that belong
+    to the traced module, and the int8 Linears' packed weights are such objects."""
+
+    def __init__(self, lm: CosyVoice2LM, step: Replay) -> None:
+        super().__init__()
+        self.lm = lm
+        self.step = step
+
+    def forward(self) -> torch.Tensor:
+        return self.step()
+
+
+class TraceCapture:
+    """Records steps as TorchScript traces (CPU): a replay runs the recorded ops, with the
+    step's buffers and the KV cache read and written in place, as the step does.
+
+    A trace holds no copy of the weights. Where the LM cannot be traced (its modules
+    compiled by ``torch.compile``, say), the step runs eagerly instead, with one warning.
+    """
+
+    def __init__(self, lm: CosyVoice2LM) -> None:
+        self.lm = lm
+        self.failed = False
+
+    def __call__(self, step: Replay) -> Replay:
+        if self.failed:
+            return step
+        try:
+            with warnings.catch_warnings():
+                # torch marks TorchScript deprecated in favour of torch.compile, which cannot
+                # take fbgemm's packed int8 weights (docs/benchmarks.md, "Run 33"); while
+                # tracing exists it is used, and a torch without it runs the steps eagerly.
+                warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit.*")
+                traced = torch.jit.trace(  # type: ignore[no-untyped-call]  # torch leaves it untyped
+                    _StepModule(self.lm, step), (), check_trace=False
+                )
+        except (RuntimeError, TypeError, AttributeError) as exc:
+            logger.warning("decode steps run eagerly: the LM could not be traced (%s)", type(exc).__name__)
+            self.failed = True
+            return step
+
+        def replay() -> torch.Tensor:
+            out: torch.Tensor = traced()
+            return out
+
+        return replay
 
 
 class CudaGraphCapture:

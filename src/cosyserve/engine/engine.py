@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from cosyserve.engine.config import EngineConfig
-from cosyserve.engine.decode_graphs import Capture, CudaGraphCapture, DecodeGraphs
+from cosyserve.engine.decode_graphs import Capture, CudaGraphCapture, DecodeGraphs, TraceCapture
 from cosyserve.engine.lm_runner import LMRunner, NumericalError
 from cosyserve.engine.request import (
     GenerationSpec,
@@ -34,6 +34,7 @@ from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.models.prefix_cache import PrefixCache
 from cosyserve.models.sampling import LengthLimits
+from cosyserve.parallelism import call_on_own_thread
 from cosyserve.pipeline.chunking import ChunkSchedule
 
 logger = logging.getLogger(__name__)
@@ -64,11 +65,12 @@ class Engine:
     ) -> None:
         """``decode_capture``: how decode steps are captured for replay (see
         :mod:`cosyserve.engine.decode_graphs`); by default CUDA graphs on a CUDA device if
-        ``config.cuda_graphs``, and eager steps elsewhere."""
+        ``config.cuda_graphs``, TorchScript traces on a CPU if ``config.traced_decode``,
+        and eager steps otherwise."""
         self.config = config
         self.lm_cfg = lm.cfg
-        if decode_capture is None and config.cuda_graphs and torch.device(config.device).type == "cuda":
-            decode_capture = CudaGraphCapture(torch.device(config.device))
+        if decode_capture is None:
+            decode_capture = _default_capture(lm, config)
         # Captured steps take one slot more: the padded rows' scratch slot.
         slots = config.max_active + (0 if decode_capture is None else 1)
         cache = KVCache.for_config(
@@ -82,7 +84,15 @@ class Engine:
         self.stats = EngineStats()
         decode_graphs = None
         if decode_capture is not None:
-            decode_graphs = DecodeGraphs.for_engine(lm, cache, decode_capture, config.max_active)
+            capture = partial(DecodeGraphs.for_engine, lm, cache, decode_capture, config.max_active)
+            if torch.device(config.device).type == "cpu":
+                # Tracing runs each step once, multi-threaded: on a thread that then exits, so
+                # that no lasting thread but the engine's keeps an OpenMP pool
+                # (cosyserve.parallelism).
+                threads = torch.get_num_threads()
+                decode_graphs = call_on_own_thread(capture, threads=threads, name="cosyserve-trace")
+            else:
+                decode_graphs = capture()
             logger.info("captured %d decode steps for replay", len(decode_graphs.replays))
         self.lm_runner = LMRunner(lm, cache, self.stats, prefix_cache, decode_graphs)
         prompt_cache = None
@@ -305,6 +315,13 @@ class Engine:
         if done:
             self._requests.pop(request.id, None)
             self._release(request)
+
+
+def _default_capture(lm: CosyVoice2LM, config: EngineConfig) -> Capture | None:
+    device = torch.device(config.device)
+    if device.type == "cuda":
+        return CudaGraphCapture(device) if config.cuda_graphs else None
+    return TraceCapture(lm) if config.traced_decode and device.type == "cpu" else None
 
 
 def _silence() -> np.ndarray:

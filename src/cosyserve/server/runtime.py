@@ -113,9 +113,10 @@ class ServerRuntime:
                 flow_prompt_whole=settings.flow_prompt_whole,
                 flow_stream_cache_mb=settings.flow_stream_cache_mb,
                 cuda_graphs=settings.cuda_graphs,
+                traced_decode=settings.traced_decode,
                 pretouch_mb=settings.pretouch_mb,
             )
-            # Off the event loop: on CUDA the engine captures its decode graphs as it is made.
+            # Off the event loop: the engine captures its decode steps as it is made.
             engine = await asyncio.to_thread(Engine, model.lm, model.flow, model.hift, config)
             self._engine = AsyncEngine(engine, threads=threads)
             # Off the event loop: start() waits for the engine thread's pretouch, if any.
