@@ -203,6 +203,7 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         flow_stream_cache_mb=args.flow_stream_cache_mb,
         pretouch_mb=args.pretouch_mb,
         flow_prompt_whole=args.flow_prompt_whole,
+        traced_decode=args.traced_decode,
     )
     engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config), threads=threads)
     engine.start()
@@ -256,7 +257,11 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
     # This process's main thread runs torch on one thread; the engine's runs on ``threads``.
     report |= {"flow_cache": config.flow_cache, "flow_stream_cache_mb": config.flow_stream_cache_mb}
-    report |= {"pretouch_mb": config.pretouch_mb, "flow_prompt_whole": config.flow_prompt_whole}
+    report |= {
+        "pretouch_mb": config.pretouch_mb,
+        "flow_prompt_whole": config.flow_prompt_whole,
+        "traced_decode": config.traced_decode,
+    }
     report |= {"flow_cache_refusals": engine.engine.stats.flow_cache_refusals, "torch_threads": threads}
     # Where each burst's time went: engine seconds per stage and batch sizes.
     stages = [
@@ -396,6 +401,8 @@ def _run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
     command += ["--pretouch-mb", str(args.pretouch_mb)]
     if args.flow_prompt_whole:
         command.append("--flow-prompt-whole")
+    if args.traced_decode:
+        command.append("--traced-decode")
     command += ["--dtype", args.dtype, "--quantize", args.quantize, "--flow-quantize", args.flow_quantize]
     if not args.warm_up:
         command.append("--no-warm-up")
@@ -477,6 +484,11 @@ def main() -> None:
         "--flow-prompt-whole",
         action="store_true",
         help="ours only: EngineConfig.flow_prompt_whole (prime voice prompts through their last block)",
+    )
+    parser.add_argument(
+        "--traced-decode",
+        action="store_true",
+        help="ours only: EngineConfig.traced_decode (CPU decode steps replayed from TorchScript traces)",
     )
     parser.add_argument(
         "--dtype",

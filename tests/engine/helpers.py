@@ -26,10 +26,6 @@ class Result:
 
 
 def make_engine(model: LoadedModel, **options: int) -> Engine:
-    """An engine with eager decode steps unless ``traced_decode`` is given: tracing takes
-    about a second per engine on the tiny model, and many tests wrap ``lm.decode``, which
-    replayed steps never call. The traced path has tests of its own."""
-    options.setdefault("traced_decode", False)
     return Engine(model.lm, model.flow, model.hift, EngineConfig(**options))
 
 

@@ -145,9 +145,10 @@ def test_buckets_double_up_to_the_limit() -> None:
     assert buckets(2048, 128) == (128, 256, 512, 1024, 2048)
 
 
-def test_engine_traces_decode_steps_on_a_cpu_by_default(tiny_model: LoadedModel) -> None:
+def test_engine_traces_decode_steps_on_a_cpu_when_asked(tiny_model: LoadedModel) -> None:
     model = tiny_model
-    engine = Engine(model.lm, model.flow, model.hift, EngineConfig(max_active=4, max_len=256))
+    config = EngineConfig(max_active=4, max_len=256, traced_decode=True)
+    engine = Engine(model.lm, model.flow, model.hift, config)
     graphs = engine.lm_runner.decode_graphs
     assert graphs is not None and graphs.batch_sizes == (1, 2, 4) and graphs.spans == (128, 256)
     assert len(graphs.replays) == 6 and engine.lm_runner.cache.max_slots == 5

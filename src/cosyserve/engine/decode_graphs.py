@@ -6,7 +6,8 @@ Python, a GPU spends most of the step waiting for the launches. A CUDA graph rec
 the launches of one step once and replays them with one call. On a CPU the same step
 spends about a quarter of its time in Python and dispatch between its ops; a TorchScript
 trace records the ops once and replays them in TorchScript's interpreter (a batch-1 int8
-step on 2 cores of an AMX Xeon: 23.5 against 31 ms). Either fixes every shape, so a
+step of the full model in the engine, 2 cores of an AMX Xeon: 28 against 34 ms;
+``EngineConfig.traced_decode`` says what it costs). Either fixes every shape, so a
 captured step works on static buffers:
 
 - the batch is padded up to a captured size (1, 2, 4, ... ``max_batch``); padded rows
@@ -95,7 +96,10 @@ class TraceCapture:
             return step
 
         def replay() -> torch.Tensor:
-            out: torch.Tensor = traced()
+            # The plain interpreter: the optimizing one profiles a graph's first two runs
+            # (290-380 ms each for a full-model step, against 76 ms) for no faster steps.
+            with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]  # not re-exported
+                out: torch.Tensor = traced()
             return out
 
         return replay
