@@ -45,9 +45,9 @@ class EngineConfig:
     which skips the Python between a step's ops (``cosyserve.engine.decode_graphs``): in
     the engine a batch-1 step of the full bf16 + int8 model took 28 against 34 ms. It
     costs a trace per batch-size and span bucket at start (25, 19 s with ``max_active``
-    16), and memory: TorchScript's interpreter holds a step's intermediates until the step
-    ends, up to about 0.4 GiB for 16 rows over 2048 positions, and the traces about
-    0.1 GiB. Off by default; ignored elsewhere.
+    16) and memory the eager steps do not take: tracing those 25 left the process 0.74 GiB
+    larger, and replaying the largest (16 rows over 2048 positions) 0.39 GiB more, where
+    the same steps run eagerly left it 2 MiB larger. Off by default; ignored elsewhere.
     ``pretouch_mb``: MiB of memory the engine's thread faults in when it starts and keeps
     for its tensors (``cosyserve.memory.pretouch``), so that the first burst of streams'
     flow caches finds it resident; the process's RSS starts that much higher. 0: none.
