@@ -109,7 +109,7 @@ class Settings(BaseSettings):
     traced_decode: bool = Field(
         False,
         description="On a CPU, replay LM decode steps from TorchScript traces made at start: "
-        "about 18 % faster steps, for seconds of start-up and up to 1 GiB more memory; "
+        "about 18 % faster steps, for seconds of start-up and GiBs more memory under load; "
         "ignored on CUDA.",
     )
     pretouch_mb: int = Field(

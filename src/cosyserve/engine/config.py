@@ -47,7 +47,9 @@ class EngineConfig:
     costs a trace per batch-size and span bucket at start (25, 19 s with ``max_active``
     16) and memory the eager steps do not take: tracing those 25 left the process 0.74 GiB
     larger, and replaying the largest (16 rows over 2048 positions) 0.39 GiB more, where
-    the same steps run eagerly left it 2 MiB larger. Off by default; ignored elsewhere.
+    the same steps run eagerly left it 2 MiB larger; under 8 streams the process peaked
+    4.1 GiB higher than with eager steps (docs/benchmarks.md, run 34). Off by default;
+    ignored elsewhere.
     ``pretouch_mb``: MiB of memory the engine's thread faults in when it starts and keeps
     for its tensors (``cosyserve.memory.pretouch``), so that the first burst of streams'
     flow caches finds it resident; the process's RSS starts that much higher. 0: none.
