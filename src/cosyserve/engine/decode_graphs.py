@@ -70,8 +70,9 @@ class TraceCapture:
     """Records steps as TorchScript traces (CPU): a replay runs the recorded ops, with the
     step's buffers and the KV cache read and written in place, as the step does.
 
-    A trace holds no copy of the weights. Where the LM cannot be traced (its modules
-    compiled by ``torch.compile``, say), the step runs eagerly instead, with one warning.
+    A trace holds no copy of the weights, but traces and their replays keep memory that
+    eager steps do not (measured in ``EngineConfig.traced_decode``). Where the LM cannot be
+    traced (torch without TorchScript, say), the step runs eagerly, with one warning.
     """
 
     def __init__(self, lm: CosyVoice2LM) -> None:
