@@ -97,7 +97,7 @@ async def wait_idle(engine: AsyncEngine, timeout: float = 60.0) -> None:
 def test_sixteen_concurrent_requests_match_their_solo_runs(
     tiny_model: LoadedModel, specs: list[GenerationSpec], alone: dict[str, Result], traced: bool
 ) -> None:
-    # Traced: decode steps replayed from TorchScript traces (the CPU default), padded to
+    # Traced: decode steps replayed from TorchScript traces (traced_decode), padded to
     # batch buckets of 1-16 and reading keys up to span buckets; the solo runs are eager.
     engine = make_engine(tiny_model, max_active=16, traced_decode=traced)
     assert (engine.lm_runner.decode_graphs is not None) == traced
