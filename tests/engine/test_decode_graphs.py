@@ -1,10 +1,10 @@
 """Decode steps replayed from static buffers (``decode_graphs``) against eager steps.
 
 On CPU the steps are recorded as TorchScript traces (:class:`TraceCapture`, with
-``traced_decode``) or "captured" by :func:`eager_capture` (a replay runs the step again on the same
-buffers), which checks everything but the recording itself: padding to a captured batch
-size, the scratch slot, spans and their masks, and the cache's bookkeeping. The CUDA test
-records real CUDA graphs; it runs where a GPU is present.
+``traced_decode``) or "captured" by :func:`eager_capture` (a replay runs the step again
+on the same buffers), which checks everything but the recording itself: padding to a
+captured batch size, the scratch slot, spans and their masks, and the cache's
+bookkeeping. The CUDA test records real CUDA graphs; it runs where a GPU is present.
 """
 
 import copy
