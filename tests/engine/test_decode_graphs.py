@@ -31,7 +31,7 @@ from cosyserve.models.lm import CosyVoice2LM
 from tests.engine.helpers import assert_same, make_engine, mixed_specs, run_together
 
 CFG = TINY.lm
-LENGTHS = (5, 9, 14)
+LENGTHS = (50, 57, 62)
 
 
 def _prefilled(
@@ -51,12 +51,12 @@ def _prefilled(
 
 def _compare_steps(lm: CosyVoice2LM, device: str, capture: Capture, steps: int = 9) -> None:
     """Eager steps on one cache against replayed steps on another with the same prompts:
-    batches of 3 (padded to 4), 1 and 2, the longest sequence growing from a 16-position
-    span into the 32 one."""
-    eager_cache, slots = _prefilled(lm, 3, 32, device)
-    graph_cache, graph_slots = _prefilled(lm, 4, 32, device)  # + the scratch slot
+    batches of 3 (padded to 4), 1 and 2, the longest sequence growing from a 64-position
+    span into the 128 one."""
+    eager_cache, slots = _prefilled(lm, 3, 128, device)
+    graph_cache, graph_slots = _prefilled(lm, 4, 128, device)  # + the scratch slot
     assert graph_slots == slots
-    graphs = DecodeGraphs(lm, graph_cache, capture, batch_sizes=(1, 2, 4), spans=(8, 16, 32))
+    graphs = DecodeGraphs(lm, graph_cache, capture, batch_sizes=(1, 2, 4), spans=(64, 128))
     assert graphs.pad_slot not in slots and graph_cache.free_slots == 0
     gen = torch.Generator().manual_seed(7)
     for step in range(steps):
@@ -65,7 +65,7 @@ def _compare_steps(lm: CosyVoice2LM, device: str, capture: Capture, steps: int =
         want = lm.decode(tokens, active, eager_cache)
         got = graphs.decode(tokens, active)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert max(graph_cache.length(s) for s in slots) > 16  # the span grew past a bucket
+    assert max(graph_cache.length(s) for s in slots) > 64  # the span grew past a bucket
     for slot in slots:
         length = eager_cache.length(slot)
         assert graph_cache.length(slot) == length
@@ -88,9 +88,9 @@ def test_traced_steps_match_eager_steps(lm: CosyVoice2LM) -> None:
 def test_a_traced_step_computes_what_the_static_step_computes(lm: CosyVoice2LM) -> None:
     # Two caches with the same prompts: one replayed from traces, one by running the step
     # again. The traced ops are the step's own, so every output is the same, bit for bit.
-    caches = [_prefilled(lm, 4, 32)[0] for _ in range(2)]
+    caches = [_prefilled(lm, 4, 128)[0] for _ in range(2)]
     traced, rerun = (
-        DecodeGraphs(lm, cache, capture, batch_sizes=(1, 4), spans=(16, 32))
+        DecodeGraphs(lm, cache, capture, batch_sizes=(1, 4), spans=(64, 128))
         for cache, capture in zip(caches, (TraceCapture(lm), eager_capture), strict=True)
     )
     gen = torch.Generator().manual_seed(3)
@@ -108,13 +108,13 @@ def test_an_lm_that_cannot_be_traced_runs_its_steps_eagerly(
         raise RuntimeError("not traceable")
 
     monkeypatch.setattr(torch.jit, "trace", refuse)
-    cache, slots = _prefilled(lm, 4, 32)
+    cache, slots = _prefilled(lm, 4, 128)
     with caplog.at_level(logging.WARNING, "cosyserve.engine.decode_graphs"):
-        graphs = DecodeGraphs(lm, cache, TraceCapture(lm), batch_sizes=(1, 2), spans=(16, 32))
+        graphs = DecodeGraphs(lm, cache, TraceCapture(lm), batch_sizes=(1, 2), spans=(64, 128))
     assert [r.message for r in caplog.records] == [
         "decode steps run eagerly: the LM could not be traced (RuntimeError)"
     ]
-    eager_cache, _ = _prefilled(lm, 3, 32)
+    eager_cache, _ = _prefilled(lm, 3, 128)
     tokens = torch.tensor([3, 4])
     torch.testing.assert_close(
         graphs.decode(tokens, slots[:2]), lm.decode(tokens, slots[:2], eager_cache), rtol=1e-5, atol=1e-5
@@ -123,8 +123,8 @@ def test_an_lm_that_cannot_be_traced_runs_its_steps_eagerly(
 
 @torch.inference_mode()
 def test_refuses_what_no_graph_fits(lm: CosyVoice2LM) -> None:
-    cache, slots = _prefilled(lm, 4, 32)
-    graphs = DecodeGraphs(lm, cache, eager_capture, batch_sizes=(1, 2), spans=(32,))
+    cache, slots = _prefilled(lm, 4, 128)
+    graphs = DecodeGraphs(lm, cache, eager_capture, batch_sizes=(1, 2), spans=(128,))
     with pytest.raises(ValueError, match="exceeds the largest captured, 2"):
         graphs.decode(torch.zeros(3, dtype=torch.long), slots)
     with pytest.raises(ValueError, match="scratch slot"):
@@ -132,10 +132,12 @@ def test_refuses_what_no_graph_fits(lm: CosyVoice2LM) -> None:
     with pytest.raises(ValueError, match="one per slot"):
         graphs.decode(torch.zeros(2, dtype=torch.long), slots[:1])
     assert [cache.length(s) for s in slots] == list(LENGTHS)  # refused steps changed nothing
-    with pytest.raises(ValueError, match="end at max_len 32"):
-        DecodeGraphs(lm, cache, eager_capture, batch_sizes=(1,), spans=(8, 16))
+    with pytest.raises(ValueError, match="end at the capacity 128"):
+        DecodeGraphs(lm, cache, eager_capture, batch_sizes=(1,), spans=(64,))
+    with pytest.raises(ValueError, match="whole key blocks of 64"):
+        DecodeGraphs(lm, cache, eager_capture, batch_sizes=(1,), spans=(100, 128))
     with pytest.raises(ValueError, match="ascending"):
-        DecodeGraphs(lm, cache, eager_capture, batch_sizes=(2, 1), spans=(32,))
+        DecodeGraphs(lm, cache, eager_capture, batch_sizes=(2, 1), spans=(128,))
 
 
 def test_buckets_double_up_to_the_limit() -> None:

@@ -20,7 +20,8 @@ def filled(cache: KVCache, n: int, seed: int) -> int:
     """A slot holding n positions of random keys and values."""
     slot = cache.allocate()
     gen = torch.Generator().manual_seed(seed)
-    k = torch.randn(cache.k.shape[0], n, *cache.k.shape[3:], generator=gen)
+    layers, _, heads, _, head_dim = cache.k.shape
+    k = torch.randn(layers, n, heads, head_dim, generator=gen)
     cache.load_prefix(slot, k, torch.randn(k.shape, generator=gen))
     return slot
 
@@ -34,8 +35,8 @@ def test_restore_gives_back_the_stored_whole_blocks() -> None:
     assert len(prefix) == 3
     target = cache.allocate()
     assert prefix.restore(ids, cache, target, limit=len(ids) - 1) == 12
-    assert torch.equal(cache.k[:, target, :12], cache.k[:, source, :12])
-    assert torch.equal(cache.v[:, target, :12], cache.v[:, source, :12])
+    assert torch.equal(cache.k[:, target, :, :12], cache.k[:, source, :, :12])
+    assert torch.equal(cache.v[:, target, :, :12], cache.v[:, source, :, :12])
     assert cache.length(target) == 12
     cache.free(target)
     target = cache.allocate()

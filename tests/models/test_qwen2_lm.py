@@ -12,6 +12,7 @@ from cosyserve.modeldir.hparams import LMConfig
 from cosyserve.modeldir.presets import TINY
 from cosyserve.models.kv_cache import CacheFullError, KVCache, SequenceTooLongError
 from cosyserve.models.lm import CosyVoice2LM, lm_checkpoint_table
+from cosyserve.models.span_attention import KEY_BLOCK
 from cosyserve.weights.checkpoint import load_checkpoint, to_checkpoint
 
 CFG = TINY.lm
@@ -99,20 +100,32 @@ def test_batched_decode_of_sequences_of_different_lengths(lm: CosyVoice2LM) -> N
         assert (got[i] - expected).abs().max() <= TOL
 
 
-def test_a_step_carries_a_mask_only_when_some_key_is_hidden() -> None:
+def test_a_step_reads_whole_key_blocks_and_hides_what_lies_past_each_row() -> None:
     cache = _cache()
     a, b = cache.allocate(), cache.allocate()
-    assert cache.begin([a], 1).mask is None  # one new token sees the whole history
-    assert cache.begin([a, b], 1).mask is None  # equal lengths: nothing to hide
+    first = cache.begin([a], 1)
+    assert first.span == KEY_BLOCK  # one position, read as a whole block
+    assert first.mask[0, 0, 0].tolist() == [True] + [False] * (KEY_BLOCK - 1)
     prefill = cache.begin([a], 3)
-    assert prefill.mask is not None and prefill.mask.shape == (1, 1, 3, 3)  # causal
+    assert prefill.mask.shape == (1, 1, 3, KEY_BLOCK)
+    causal = [[True, False, False, False], [True, True, False, False], [True, True, True, False]]
+    assert prefill.mask[0, 0, :, :4].tolist() == causal
     cache.commit(prefill)
     ragged = cache.begin([a, b], 1)
     # Built when first read: a step replayed from a captured graph never reads it.
     assert "mask" not in vars(ragged)
-    assert ragged.span == 4 and ragged.mask is not None
-    assert ragged.mask[:, 0, 0].tolist() == [[True] * 4, [True] + [False] * 3]
+    assert ragged.span == KEY_BLOCK
+    assert ragged.mask[:, 0, 0, :5].tolist() == [[True] * 4 + [False], [True] + [False] * 4]
     assert ragged.mask is ragged.mask  # and built once
+
+
+def test_the_cache_holds_max_len_padded_to_whole_key_blocks() -> None:
+    cache = _cache(max_len=KEY_BLOCK + 1)
+    assert cache.capacity == 2 * KEY_BLOCK and cache.k.shape[3] == 2 * KEY_BLOCK
+    slot = cache.allocate()
+    cache.commit(cache.begin([slot], KEY_BLOCK + 1))
+    with pytest.raises(SequenceTooLongError):
+        cache.begin([slot], 1)  # the padding is for reading whole blocks, not for more positions
 
 
 @torch.no_grad()

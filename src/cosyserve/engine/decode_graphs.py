@@ -12,9 +12,10 @@ captured step works on static buffers:
 
 - the batch is padded up to a captured size (1, 2, 4, ... ``max_batch``); padded rows
   write their keys and values into a scratch slot of the KV cache that no request gets;
-- the keys are read up to a captured span (128, 256, ... ``max_len`` positions) with a
+- the keys are read up to a captured span (128, 256, ... the cache's capacity) with a
   mask computed in the graph from the rows' positions, instead of up to the batch's
-  longest sequence;
+  longest sequence (on a CPU each row's result is the same bits either way:
+  :mod:`cosyserve.models.span_attention`);
 - the host fills the buffers with the step's tokens, slots and positions, replays the
   graph for (padded batch, span), and reads the log-probs of the real rows.
 
@@ -38,6 +39,7 @@ from torch import nn
 
 from cosyserve.models.kv_cache import KVCache, causal_mask
 from cosyserve.models.lm import CosyVoice2LM
+from cosyserve.models.span_attention import KEY_BLOCK, padded_span
 
 # Replays one captured step; returns its log-probs buffer (B_padded, V).
 Replay = Callable[[], torch.Tensor]
@@ -88,6 +90,12 @@ class TraceCapture:
                 # take fbgemm's packed int8 weights (docs/benchmarks.md, "Run 33"); while
                 # tracing exists it is used, and a torch without it runs the steps eagerly.
                 warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit.*")
+                # A trace is taken per (batch, span) bucket: the step's branches on shapes are
+                # meant to be fixed in it.
+                warnings.filterwarnings(
+                    "ignore",
+                    category=torch.jit.TracerWarning,  # type: ignore[attr-defined]  # not re-exported
+                )
                 traced = torch.jit.trace(  # type: ignore[no-untyped-call]  # torch leaves it untyped
                     _StepModule(self.lm, step), (), check_trace=False
                 )
@@ -151,7 +159,7 @@ class StaticDecodeStep:
     """A decode step (one new position per row) on fixed buffers, for graph capture: its
     shapes depend only on (B, ``span``) and it never reads a value back to the host.
 
-    ``k``, ``v``: the cache's (layers, slots, max_len, H_kv, D); ``slot_index``: (B,)
+    ``k``, ``v``: the cache's (layers, slots, H_kv, capacity, D); ``slot_index``: (B,)
     long; ``positions``: (B, 1) long; ``mask``: (B, 1, 1, span) bool, key ``s`` visible to
     row ``b`` where ``s <= positions[b]``.
     """
@@ -162,17 +170,17 @@ class StaticDecodeStep:
     positions: torch.Tensor
     mask: torch.Tensor
     span: int
+    decode: bool = True
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``k``, ``v``: (B, 1, H_kv, D). Returns the rows' first ``span`` keys and values
         (B, H_kv, span, D), the new ones written in."""
-        cache_k, cache_v = self.k[layer], self.v[layer]  # (slots, max_len, H_kv, D)
-        where = (self.slot_index, self.positions[:, 0])
-        cache_k.index_put_(where, k[:, 0].to(cache_k.dtype))
-        cache_v.index_put_(where, v[:, 0].to(cache_v.dtype))
-        keys = cache_k[self.slot_index, : self.span]  # (B, span, H_kv, D)
-        values = cache_v[self.slot_index, : self.span]
-        return keys.transpose(1, 2), values.transpose(1, 2)
+        cache_k, cache_v = self.k[layer], self.v[layer]  # (slots, H_kv, capacity, D)
+        # Indices on dims 0 and 2 address (B, H_kv, D): a row's new key for every head.
+        position = self.positions[:, 0]
+        cache_k[self.slot_index, :, position] = k[:, 0].to(cache_k.dtype)
+        cache_v[self.slot_index, :, position] = v[:, 0].to(cache_v.dtype)
+        return cache_k[self.slot_index, :, : self.span], cache_v[self.slot_index, :, : self.span]
 
 
 class DecodeGraphs:
@@ -192,10 +200,12 @@ class DecodeGraphs:
     ) -> None:
         if not batch_sizes or list(batch_sizes) != sorted(set(batch_sizes)) or batch_sizes[0] < 1:
             raise ValueError(f"batch sizes must be distinct, positive and ascending, got {batch_sizes}")
-        if not spans or list(spans) != sorted(set(spans)) or spans[0] < 1 or spans[-1] != cache.max_len:
+        if not spans or list(spans) != sorted(set(spans)) or spans[0] < 1 or spans[-1] != cache.capacity:
             raise ValueError(
-                f"spans must be distinct, ascending and end at max_len {cache.max_len}, got {spans}"
+                f"spans must be distinct, ascending and end at the capacity {cache.capacity}, got {spans}"
             )
+        if any(padded_span(span) != span for span in spans):
+            raise ValueError(f"spans must be whole key blocks of {KEY_BLOCK}, got {spans}")
         self.lm = lm
         self.cache = cache
         self.batch_sizes = tuple(batch_sizes)
@@ -207,7 +217,7 @@ class DecodeGraphs:
         self._tokens = torch.zeros(most, dtype=torch.long, device=device)
         self._slots = torch.full((most,), self.pad_slot, dtype=torch.long, device=device)
         self._positions = torch.zeros(most, 1, dtype=torch.long, device=device)
-        self._keys = torch.arange(cache.max_len, device=device)
+        self._keys = torch.arange(cache.capacity, device=device)
         self.replays: dict[tuple[int, int], Replay] = {}
         with torch.inference_mode():
             # Largest first: later graphs then fit in the memory the first one pooled.
@@ -217,8 +227,8 @@ class DecodeGraphs:
 
     @classmethod
     def for_engine(cls, lm: CosyVoice2LM, cache: KVCache, capture: Capture, max_batch: int) -> "DecodeGraphs":
-        """Batch sizes 1, 2, 4, ... ``max_batch``; spans 128, 256, ... the cache's max_len."""
-        spans = buckets(cache.max_len, min(_FIRST_SPAN, cache.max_len))
+        """Batch sizes 1, 2, 4, ... ``max_batch``; spans 128, 256, ... the cache's capacity."""
+        spans = buckets(cache.capacity, min(_FIRST_SPAN, cache.capacity))
         return cls(lm, cache, capture, buckets(max_batch, 1), spans)
 
     def _step(self, batch: int, span: int) -> torch.Tensor:
@@ -240,7 +250,7 @@ class DecodeGraphs:
         batch = next((b for b in self.batch_sizes if b >= n), None)
         if batch is None:
             raise ValueError(f"a decode batch of {n} exceeds the largest captured, {self.batch_sizes[-1]}")
-        step = self.cache.begin(slots, 1)  # checks the slots and lengths; (B, 1) positions
+        step = self.cache.begin(slots, 1, decode=True)  # checks the slots and lengths; (B, 1) positions
         span = next(s for s in self.spans if s >= step.span)
         self._tokens[:n].copy_(tokens)
         self._slots[:n].copy_(step.slot_index)

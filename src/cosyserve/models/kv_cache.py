@@ -15,6 +15,7 @@ import torch
 
 from cosyserve.errors import CosyserveError, InvalidRequestError
 from cosyserve.modeldir.hparams import Qwen2Config
+from cosyserve.models.span_attention import padded_span
 
 
 class CacheFullError(CosyserveError):
@@ -40,13 +41,19 @@ class KVStep(Protocol):
         ...
 
     @property
-    def mask(self) -> torch.Tensor | None:
-        """(B, 1, T, S) bool, True where a new token may attend to key ``s``; None: all."""
+    def decode(self) -> bool:
+        """True for a decode step (each row appends the token it sampled last), False for
+        a prefill chunk: the two run different attention kernels (``models.qwen2``)."""
+        ...
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """(B, 1, T, S) bool, True where a new token may attend to key ``s``."""
         ...
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``layer``'s new keys and values (B, T, H_kv, D); return the visible
-        history (B, H_kv, S, D)."""
+        """Write ``layer``'s new keys and values (B, T, H_kv, D); return the history
+        (B, H_kv, S, D), S a whole number of the attention's key blocks."""
         ...
 
 
@@ -62,10 +69,11 @@ def causal_mask(positions: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
 class CacheStep:
     """One forward step in which each of B slots appends the same number T of positions.
 
-    A decode step is B sequences with T = 1; a prefill (or prefill chunk) is one
-    sequence with T positions continuing whatever that slot already holds.
+    A decode step (``decode``) is B sequences with T = 1; a prefill (or prefill chunk) is
+    one sequence with T positions continuing whatever that slot already holds.
     ``positions``: (B, T) long, the absolute position of each new token. ``span``: S, the
-    longest length of the batch after the step.
+    longest length of the batch after the step padded to whole key blocks
+    (:func:`~cosyserve.models.span_attention.padded_span`).
     """
 
     cache: "KVCache"
@@ -75,15 +83,12 @@ class CacheStep:
     slot_index: torch.Tensor
     positions: torch.Tensor
     span: int
+    decode: bool
 
     @cached_property
-    def mask(self) -> torch.Tensor | None:
-        """(B, 1, T, S) bool, True where a new token may attend to cache position ``s < S``;
-        None when every token may attend to all S (one new token per sequence, all of the
-        same length: every batch-1 decode step), which spares the attention kernel a mask.
+    def mask(self) -> torch.Tensor:
+        """(B, 1, T, S) bool, True where a new token may attend to cache position ``s < S``.
         Built when first read: a step replayed from a captured graph computes its own."""
-        if self.num_new == 1 and len(set(self.starts)) == 1:
-            return None
         return causal_mask(self.positions, torch.arange(self.span, device=self.positions.device))
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,27 +96,29 @@ class CacheStep:
 
         ``k``, ``v``: (B, T, H_kv, D). Returns keys and values (B, H_kv, S, D).
         """
-        cache_k, cache_v = self.cache.k[layer], self.cache.v[layer]  # (slots, max_len, H_kv, D)
+        cache_k, cache_v = self.cache.k[layer], self.cache.v[layer]  # (slots, H_kv, capacity, D)
         if len(self.slots) == 1:
             # Slices, not index tensors: a copy into the slot, and a view of its history.
             slot, start = self.slots[0], self.starts[0]
-            cache_k[slot, start : start + self.num_new] = k[0]
-            cache_v[slot, start : start + self.num_new] = v[0]
+            cache_k[slot, :, start : start + self.num_new] = k[0].transpose(0, 1)
+            cache_v[slot, :, start : start + self.num_new] = v[0].transpose(0, 1)
             rows = slice(slot, slot + 1)
-            return cache_k[rows, : self.span].transpose(1, 2), cache_v[rows, : self.span].transpose(1, 2)
+            return cache_k[rows, :, : self.span], cache_v[rows, :, : self.span]
         index = self.slot_index[:, None]  # (B, 1), broadcast against positions (B, T)
-        cache_k[index, self.positions] = k.to(cache_k.dtype)
-        cache_v[index, self.positions] = v.to(cache_v.dtype)
-        rows_k = cache_k[self.slot_index, : self.span]
-        rows_v = cache_v[self.slot_index, : self.span]
-        return rows_k.transpose(1, 2), rows_v.transpose(1, 2)
+        # Indices on dims 0 and 2 address (B, T, H_kv, D): the new keys as they come.
+        cache_k[index, :, self.positions] = k.to(cache_k.dtype)
+        cache_v[index, :, self.positions] = v.to(cache_v.dtype)
+        return cache_k[self.slot_index, :, : self.span], cache_v[self.slot_index, :, : self.span]
 
 
 class KVCache:
     """Keys and values of ``max_slots`` sequences of up to ``max_len`` positions each.
 
-    ``k``, ``v``: (layers, max_slots, max_len, H_kv, D), allocated once. Slots are handed
-    out by :meth:`allocate` and returned by :meth:`free`; a step is prepared with
+    ``k``, ``v``: (layers, max_slots, H_kv, capacity, D), allocated once: each head's
+    positions in a row, so that a step's keys reach the attention's GEMMs without a
+    transposing copy. ``capacity`` is ``max_len`` padded to whole key blocks: a step reads
+    whole blocks, the positions past a sequence hidden by its mask. Slots are handed out
+    by :meth:`allocate` and returned by :meth:`free`; a step is prepared with
     :meth:`begin`, run through the model (which calls :meth:`CacheStep.update` per layer)
     and made permanent with :meth:`commit`.
     """
@@ -128,7 +135,8 @@ class KVCache:
     ) -> None:
         if min(num_layers, num_kv_heads, head_dim, max_slots, max_len) < 1:
             raise ValueError("KVCache dimensions must all be positive")
-        shape = (num_layers, max_slots, max_len, num_kv_heads, head_dim)
+        self.capacity = padded_span(max_len)
+        shape = (num_layers, max_slots, num_kv_heads, self.capacity, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_slots = max_slots
@@ -170,8 +178,8 @@ class KVCache:
         stale inf or NaN."""
         self._check_slot(slot)
         written = self._written[slot]
-        self.k[:, slot, :written] = 0
-        self.v[:, slot, :written] = 0
+        self.k[:, slot, :, :written] = 0
+        self.v[:, slot, :, :written] = 0
         self._lengths[slot] = self._written[slot] = 0
         self._in_use[slot] = False
 
@@ -194,7 +202,7 @@ class KVCache:
         self._check_slot(slot)
         if not 0 <= start <= stop <= self._lengths[slot]:
             raise ValueError(f"positions [{start}, {stop}) are not all held by slot {slot}")
-        return self.k[:, slot, start:stop], self.v[:, slot, start:stop]
+        return self.k[:, slot, :, start:stop].transpose(1, 2), self.v[:, slot, :, start:stop].transpose(1, 2)
 
     def load_prefix(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Fill the empty ``slot`` with ``k``, ``v`` (layers, P, H_kv, D), keys and values
@@ -203,23 +211,27 @@ class KVCache:
         if self._lengths[slot] != 0:
             raise ValueError(f"slot {slot} is not empty")
         n = k.shape[1]
-        if k.shape != v.shape or k.shape[0] != self.k.shape[0] or k.shape[2:] != self.k.shape[3:]:
+        layers, _, heads, _, head_dim = self.k.shape
+        if k.shape != v.shape or k.shape[0] != layers or k.shape[2:] != (heads, head_dim):
             raise ValueError(f"prefix keys {tuple(k.shape)} and values {tuple(v.shape)} do not fit the cache")
         if n > self.max_len:
             raise SequenceTooLongError(f"a prefix of {n} positions exceeds the KV cache's {self.max_len}")
-        self.k[:, slot, :n] = k
-        self.v[:, slot, :n] = v
+        self.k[:, slot, :, :n] = k.transpose(1, 2)
+        self.v[:, slot, :, :n] = v.transpose(1, 2)
         self._lengths[slot] = n
         self._written[slot] = max(self._written[slot], n)
 
-    def begin(self, slots: Sequence[int], num_new: int) -> CacheStep:
-        """Prepare a step in which every slot of ``slots`` appends ``num_new`` positions.
+    def begin(self, slots: Sequence[int], num_new: int, *, decode: bool = False) -> CacheStep:
+        """Prepare a step in which every slot of ``slots`` appends ``num_new`` positions
+        (one each for a ``decode`` step).
 
         Raises :class:`SequenceTooLongError` if a slot would exceed ``max_len``. The
         sequences' lengths change only at :meth:`commit`.
         """
         if not slots or num_new < 1:
             raise ValueError("a cache step needs at least one slot and one new position")
+        if decode and num_new != 1:
+            raise ValueError("a decode step appends one position per slot")
         if len(set(slots)) != len(slots):
             raise ValueError(f"a slot appears twice in one step: {list(slots)}")
         starts = []
@@ -244,7 +256,8 @@ class KVCache:
             num_new=num_new,
             slot_index=torch.tensor(list(slots), dtype=torch.long, device=device),
             positions=positions,
-            span=max(starts) + num_new,
+            span=padded_span(max(starts) + num_new),
+            decode=decode,
         )
 
     def commit(self, step: CacheStep) -> None:

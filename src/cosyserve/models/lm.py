@@ -70,8 +70,14 @@ class CosyVoice2LM(nn.Module):
 
     def speech_log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """Head on final hidden states (..., H): float32 log-probs (..., 6564)."""
-        logits: torch.Tensor = self.llm_decoder(hidden)
-        return logits.float().log_softmax(-1)
+        rows = hidden.reshape(-1, hidden.shape[-1])  # (N, H)
+        if rows.shape[0] == 1:
+            # One row takes the matrix-vector kernel, whose sums differ from the matrix
+            # kernel's (by about 1e-7): with a copy beside it, a row gets the same log-probs
+            # alone as in any batch, for 0.2 ms of a batch-1 step.
+            rows = rows.repeat(2, 1)
+        logits: torch.Tensor = self.llm_decoder(rows)[: hidden.numel() // hidden.shape[-1]]
+        return logits.float().log_softmax(-1).view(*hidden.shape[:-1], -1)
 
     def prefill(self, embeddings: torch.Tensor, slot: int, cache: KVCache) -> torch.Tensor:
         """Append ``embeddings`` (T, H) to the sequence in ``slot`` (empty for a new request,
@@ -87,7 +93,7 @@ class CosyVoice2LM(nn.Module):
         tokens) into ``slots`` (B distinct slots, any lengths). Returns (B, 6564) float32."""
         if tokens.shape != (len(slots),):
             raise ValueError(f"tokens {tuple(tokens.shape)} must be ({len(slots)},): one per slot")
-        step = cache.begin(slots, 1)
+        step = cache.begin(slots, 1, decode=True)
         hidden = self.qwen(self.speech_embedding(tokens)[:, None], step)  # (B, 1, H)
         cache.commit(step)
         return self.speech_log_probs(hidden[:, 0])

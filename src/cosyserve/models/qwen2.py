@@ -15,6 +15,7 @@ from torch import nn
 from cosyserve.modeldir.hparams import Qwen2Config
 from cosyserve.models.kv_cache import KVStep
 from cosyserve.models.linear import stacked_linear
+from cosyserve.models.span_attention import attention_bias, runs_span_attention, span_attention
 
 
 class RMSNorm(nn.Module):
@@ -107,22 +108,26 @@ class Attention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | None,
+        bias: torch.Tensor,
         step: KVStep | None,
     ) -> torch.Tensor:
-        """``x``: (B, T, H); ``cos``, ``sin``: from :class:`RotaryEmbedding`. ``mask``:
-        (B or 1, 1, T, S) bool, or None when every query sees every key. With ``step`` the
-        new keys and values go into the cache and the queries see the slot's whole history
-        (S positions); without, they see only ``x`` (S = T)."""
+        """``x``: (B, T, H); ``cos``, ``sin``: from :class:`RotaryEmbedding`; ``bias``: from
+        :func:`attention_bias`, (B or 1, 1, T, S') with S' the keys padded to whole blocks.
+        With ``step`` the new keys and values go into the cache and the queries see the
+        slot's whole history (S positions); without, they see only ``x`` (S = T)."""
         b, t, _ = x.shape
         q, k, v = self._project(x, cos, sin)
         if step is None:
             keys, values = k.transpose(1, 2), v.transpose(1, 2)  # (B, H_kv, T, D)
         else:
             keys, values = step.update(self.layer, k, v)  # (B, H_kv, S, D)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, enable_gqa=True
-        )  # (B, heads, T, D)
+        q = q.transpose(1, 2)  # (B, heads, T, D)
+        if runs_span_attention(q.device, step):
+            out = span_attention(q, keys, values, bias)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, keys.to(q.dtype), values.to(q.dtype), attn_mask=bias[..., : keys.shape[2]], enable_gqa=True
+            )  # (B, heads, T, D)
         result: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
         return result
 
@@ -163,10 +168,10 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | None,
+        bias: torch.Tensor,
         step: KVStep | None,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, step)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, bias, step)
         out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
         return out
 
@@ -191,14 +196,14 @@ class Qwen2Model(nn.Module):
         Without, each row is a whole sequence starting at position 0 (causal attention).
         """
         t = x.shape[1]
-        mask: torch.Tensor | None
         if step is None:
             positions = torch.arange(t, device=x.device)[None]  # (1, T)
             mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()[None, None]  # (1, 1, T, T)
         else:
             positions, mask = step.positions, step.mask
         cos, sin = self.rotary(positions, x.dtype)
+        bias = attention_bias(mask, torch.float32 if runs_span_attention(x.device, step) else x.dtype)
         for layer in self.layers:
-            x = layer(x, cos, sin, mask, step)
+            x = layer(x, cos, sin, bias, step)
         out: torch.Tensor = self.norm(x)
         return out

@@ -1,0 +1,126 @@
+"""The LM's attention, with each row's result independent of how far its batch reaches.
+
+In a batched decode step every row reads the keys up to the batch's longest sequence and
+masks the rest; in a prefill, a query's chunk decides how many keys its row sees. torch's
+CPU attention kernel and one GEMM over all keys both sum in an order that depends on that
+span, so a row's output moved by about 1e-7 with its neighbours' lengths: enough, under
+dynamic int8 rounding, to move a full-size LM's log-probs by up to 0.19
+(``docs/benchmarks.md``, "A row's output in a batch"), so that a request's speech tokens
+depended on what else the engine was running.
+
+Two things fix it. Every span is padded to whole blocks of :data:`KEY_BLOCK` keys, the
+padding hidden by the mask; over such spans torch's CPU kernel gives a row with one query
+(a decode step) the same bits whatever the span. With more queries per row (a prefill
+chunk) it does not, so prefill chunks run :func:`span_attention`: the keys are cut into
+the same blocks from position 0, every sum runs within a block and then across blocks by
+a tree aligned at block 0, and keys a row may not see get weight exactly 0. Blocks past a
+row's last visible key then add exact zeros and change nothing: a query's output is the
+same bits in any prefill chunk. :func:`runs_span_attention` says which runs where.
+"""
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from cosyserve.models.kv_cache import KVStep
+
+# Keys per block. Every span is padded to a multiple: 64 keeps a short decode's padding
+# small, and a 64-key block is a shape the GEMMs handle at a fair rate.
+KEY_BLOCK = 64
+_LOG2_E = math.log2(math.e)
+# Score elements per tile of queries (1 MiB of float32 scores).
+_TILE_SCORES = 1 << 18
+
+
+def runs_span_attention(device: torch.device, step: "KVStep | None") -> bool:
+    """Whether the LM's layers attend with :func:`span_attention` (in float32, bias in
+    float32) or torch's kernel (bias in the activations' dtype).
+
+    CPU prefill chunks and whole sequences take :func:`span_attention`. A decode step has
+    one query per row, and over keys padded to whole blocks torch's CPU kernel gives such a
+    row the same bits whatever the span (``tests/models/test_span_attention.py`` checks
+    it), in a third of the time at batch 1: decode steps keep it. GPUs keep torch's fused
+    kernels, whose sums are their own.
+    """
+    return device.type == "cpu" and (step is None or not step.decode)
+
+
+def padded_span(span: int) -> int:
+    """``span`` rounded up to whole key blocks."""
+    return -(-span // KEY_BLOCK) * KEY_BLOCK
+
+
+def attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive bias of ``mask`` (B or 1, 1, T, S) bool, True where a key is visible:
+    (B or 1, 1, T, S'), S' = :func:`padded_span` of S, 0 where visible and -inf elsewhere
+    (on the padding too)."""
+    span = mask.shape[-1]
+    bias = torch.full((*mask.shape[:-1], padded_span(span)), float("-inf"), dtype=dtype, device=mask.device)
+    bias[..., :span].masked_fill_(mask, 0.0)
+    return bias
+
+
+def span_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor
+) -> torch.Tensor:
+    """Grouped-query attention ``softmax(q·kᵀ/√D + bias)·v`` summed in key blocks.
+
+    ``q``: (B, H, T, D); ``keys``, ``values``: (B, H_kv, S, D) with H a multiple of H_kv
+    (query head h reads key head h // (H / H_kv)); ``bias``: (B or 1, 1, T, S') additive,
+    S' = :func:`padded_span` of S, -inf on every key a query may not see and on keys
+    S..S'. Returns (B, H, T, D) in ``q``'s dtype; computed in float32.
+    """
+    t, span, padded = q.shape[2], keys.shape[2], bias.shape[-1]
+    if padded != padded_span(span):
+        raise ValueError(f"a bias over {padded} keys does not pad a span of {span} to whole blocks")
+    keys, values = keys.float(), values.float()
+    if padded != span:
+        keys = F.pad(keys, (0, 0, 0, padded - span))
+        values = F.pad(values, (0, 0, 0, padded - span))
+    # Long prefills run in tiles of queries, whose scores stay in cache: each query's
+    # result is the same in any tile.
+    tile = max(1, _TILE_SCORES // (q.shape[1] * padded))
+    if t <= tile:
+        return _attend(q, keys, values, bias)
+    tiles = [
+        _attend(q[:, :, i : i + tile], keys, values, bias[:, :, i : i + tile]) for i in range(0, t, tile)
+    ]
+    return torch.cat(tiles, dim=2)
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """:func:`span_attention` on float32 keys and values already padded to whole blocks."""
+    b, heads, t, d = q.shape
+    kv_heads, padded = keys.shape[1], keys.shape[2]
+    group, blocks = heads // kv_heads, padded // KEY_BLOCK
+    # Rows ordered (group member, query): the rows of one key head form one matrix. A
+    # score is one D-term dot product whatever the matrix's size (checked in the tests).
+    rows = q.float().reshape(b, kv_heads, group * t, d)
+    scores = torch.matmul(rows, keys.transpose(-1, -2))  # (B, H_kv, G*T, S')
+    # Base-2 scores: exp2 is exact 0 at -inf and fast there, where exp (MKL's vector exp
+    # on CPU) takes ten times as long on a hidden key as on a visible one.
+    scores = torch.add(bias[:, :, None], scores.view(b, kv_heads, group, t, padded), alpha=d**-0.5 * _LOG2_E)
+    weights = scores.sub_(scores.amax(dim=-1, keepdim=True)).exp2_()
+    weights = weights.view(b, kv_heads, group * t, blocks, KEY_BLOCK)
+    value_blocks = values.reshape(b, kv_heads, blocks, KEY_BLOCK, d)
+    num = _sum_blocks(weights.transpose(2, 3) @ value_blocks, dim=2)  # (B, H_kv, G*T, D)
+    den = _sum_blocks(weights.sum(-1), dim=3)  # (B, H_kv, G*T)
+    out = num / den[..., None]
+    return out.view(b, kv_heads, group, t, d).reshape(b, heads, t, d).to(q.dtype)
+
+
+def _sum_blocks(partial: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum ``partial`` over its blocks along ``dim``, padded with zero blocks to a power of
+    two and halved until one is left: trailing blocks of zeros change no sum."""
+    blocks = partial.shape[dim]
+    size = 1 << (blocks - 1).bit_length()
+    if size != blocks:
+        pad = [0, 0] * (partial.dim() - 1 - dim) + [0, size - blocks]
+        partial = F.pad(partial, pad)
+    while size > 1:
+        size //= 2
+        partial = partial.narrow(dim, 0, size) + partial.narrow(dim, size, size)
+    return partial.squeeze(dim)

@@ -1,0 +1,75 @@
+"""Under int8 a sequence's LM output is the same bits alone, beside longer sequences in a
+decode step, and in any split of its prompt into prefill chunks.
+
+The LM here has the released model's attention geometry (14 query heads of 64 over 2 key
+heads) in two small layers: torch's attention kernel, masked over a longer span, moved
+such a row's log-probs by up to 0.19 on the full model (``docs/benchmarks.md``, "A row's
+output in a batch").
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from cosyserve.modeldir.presets import TINY
+from cosyserve.models.kv_cache import KVCache
+from cosyserve.models.lm import CosyVoice2LM
+from cosyserve.models.precision import Precision
+from cosyserve.models.quantize import quantize_lm_
+
+HIDDEN = 896
+QWEN = dataclasses.replace(
+    TINY.lm.qwen,
+    hidden_size=HIDDEN,
+    intermediate_size=1024,
+    num_hidden_layers=2,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+)
+CFG = dataclasses.replace(TINY.lm, qwen=QWEN, llm_input_size=HIDDEN, llm_output_size=HIDDEN)
+
+
+@pytest.fixture(scope="module")
+def lm() -> CosyVoice2LM:
+    torch.manual_seed(0)
+    model = CosyVoice2LM(CFG)
+    quantize_lm_(model, Precision.resolve("bf16", "int8"))
+    model.lay_out_head_for_decode_()
+    return model.eval().requires_grad_(False)
+
+
+def _prompt(n: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, HIDDEN, generator=gen)
+
+
+@torch.inference_mode()
+def test_a_rows_decode_step_is_the_same_beside_longer_rows(lm: CosyVoice2LM) -> None:
+    cache = KVCache.for_config(QWEN, 3, 1024)
+    slots = [cache.allocate() for _ in range(3)]
+    lengths = (50, 130, 700)  # past 512 keys, where torch's kernel splits its sums
+    for slot, length in zip(slots, lengths, strict=True):
+        lm.prefill(_prompt(length, slot), slot, cache)
+    tokens = torch.tensor([5, 7, 11])
+    alone = []
+    for i, slot in enumerate(slots):
+        alone.append(lm.decode(tokens[i : i + 1], [slot], cache)[0])
+        cache.truncate(slot, lengths[i])
+    together = lm.decode(tokens, slots, cache)
+    for i in range(3):
+        assert torch.equal(together[i], alone[i]), lengths[i]
+
+
+@torch.inference_mode()
+def test_a_prompt_gives_the_same_bits_in_any_prefill_split(lm: CosyVoice2LM) -> None:
+    cache = KVCache.for_config(QWEN, 2, 512)
+    whole, split = cache.allocate(), cache.allocate()
+    prompt = _prompt(88, 3)
+    want = lm.prefill(prompt, whole, cache)
+    for start, stop in ((0, 40), (40, 41), (41, 88)):
+        got = lm.prefill(prompt[start:stop], split, cache)
+    assert torch.equal(got, want)
+    assert all(
+        torch.equal(a, b) for a, b in zip(cache.read(split, 0, 88), cache.read(whole, 0, 88), strict=True)
+    )

@@ -1,0 +1,118 @@
+"""span_attention: torch's attention, with each row's result the same bits whatever the
+span, batch or prefill chunk it is computed in."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cosyserve.models.span_attention import KEY_BLOCK, attention_bias, padded_span, span_attention
+
+# (heads, key heads, head size): the released LM's, and the tiny test model's.
+GEOMETRIES = {"full": (14, 2, 64), "tiny": (4, 2, 32)}
+ENDS = (50, 300, 700, 129, 1000)  # each row's length after the step
+LONGEST = 1024
+
+
+def _mask(ends: list[int] | tuple[int, ...], queries: int, span: int) -> torch.Tensor:
+    """(B, 1, T, span): the T queries at the last positions of each row see their past."""
+    positions = torch.tensor(ends)[:, None] - queries + torch.arange(queries)  # (B, T)
+    return (torch.arange(span)[None, None, :] <= positions[:, :, None])[:, None]
+
+
+def _attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ends: list[int] | tuple[int, ...], span: int
+) -> torch.Tensor:
+    """Attention over the first ``span`` keys, read as the KV cache hands them out: views."""
+    bias = attention_bias(_mask(ends, q.shape[2], span), torch.float32)
+    return span_attention(q, keys[:, :, :span], values[:, :, :span], bias)
+
+
+@pytest.fixture(params=list(GEOMETRIES.values()), ids=list(GEOMETRIES))
+def qkv(request: pytest.FixtureRequest) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    heads, kv_heads, size = request.param
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(len(ENDS), heads, 40, size, generator=gen)
+    keys = torch.randn(len(ENDS), kv_heads, LONGEST, size, generator=gen)
+    return q, keys, torch.randn(keys.shape, generator=gen)
+
+
+@pytest.mark.parametrize("queries", [1, 7, 40])
+def test_it_is_torchs_attention(qkv: tuple[torch.Tensor, ...], queries: int) -> None:
+    q, keys, values = qkv
+    q = q[:, :, :queries]
+    span = max(ENDS)
+    want = F.scaled_dot_product_attention(
+        q, keys[:, :, :span], values[:, :, :span], attn_mask=_mask(ENDS, queries, span), enable_gqa=True
+    )
+    got = _attend(q, keys, values, ENDS, span)
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("queries", [1, 3])
+def test_a_rows_result_is_the_same_alone_and_over_any_span(
+    qkv: tuple[torch.Tensor, ...], queries: int
+) -> None:
+    q, keys, values = qkv
+    q = q[:, :, :queries]
+    batched = _attend(q, keys, values, ENDS, max(ENDS))
+    for row, end in enumerate(ENDS):
+        alone = slice(row, row + 1)
+        for span in (end, end + 1, min(padded_span(end) + KEY_BLOCK, LONGEST), LONGEST):
+            got = _attend(q[alone], keys[alone], values[alone], [end], span)
+            assert torch.equal(got, batched[alone]), (row, span)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_torchs_kernel_gives_a_decode_row_the_same_bits_over_any_whole_blocks(
+    qkv: tuple[torch.Tensor, ...], dtype: torch.dtype
+) -> None:
+    # What decode steps rely on (runs_span_attention): one query per row, keys padded to
+    # whole blocks, the bias in the activations' dtype.
+    q, keys, values = (x.to(dtype) for x in qkv)
+    q = q[:, :, :1]
+
+    def attend(rows: slice, ends: list[int] | tuple[int, ...], span: int) -> torch.Tensor:
+        bias = attention_bias(_mask(ends, 1, span), dtype)
+        padded = bias.shape[-1]
+        return F.scaled_dot_product_attention(
+            q[rows], keys[rows, :, :padded], values[rows, :, :padded], attn_mask=bias, enable_gqa=True
+        )
+
+    batched = attend(slice(None), ENDS, max(ENDS))
+    for row, end in enumerate(ENDS):
+        for span in (end, min(padded_span(end) + KEY_BLOCK, LONGEST), LONGEST):
+            assert torch.equal(attend(slice(row, row + 1), [end], span), batched[row : row + 1]), (row, span)
+
+
+def test_a_query_gets_the_same_bits_in_any_prefill_chunk(qkv: tuple[torch.Tensor, ...]) -> None:
+    q, keys, values = qkv
+    whole = _attend(q, keys, values, ENDS, LONGEST)  # 40 queries a row: run in tiles
+    for start, stop in ((0, 17), (17, 39), (39, 40)):
+        ends = [end - 40 + stop for end in ENDS]
+        chunk = _attend(q[:, :, start:stop], keys, values, ends, max(ends))
+        assert torch.equal(chunk, whole[:, :, start:stop]), (start, stop)
+
+
+def test_bfloat16_inputs_are_attended_in_float32() -> None:
+    gen = torch.Generator().manual_seed(1)
+    q, keys, values = (torch.randn(1, 14, 1, 64, generator=gen) for _ in range(3))
+    keys, values = keys.view(1, 2, 7, 64), values.view(1, 2, 7, 64)
+    bias = attention_bias(torch.ones(1, 1, 1, 7, dtype=torch.bool), torch.float32)
+    got = span_attention(q.bfloat16(), keys.bfloat16(), values.bfloat16(), bias)
+    assert got.dtype == torch.bfloat16
+    want = span_attention(q.bfloat16().float(), keys.bfloat16().float(), values.bfloat16().float(), bias)
+    assert torch.equal(got, want.bfloat16())
+
+
+def test_the_bias_hides_the_padding_to_whole_blocks() -> None:
+    mask = torch.tensor([[True, False, True]])[None, None]  # (1, 1, 1, 3)
+    bias = attention_bias(mask, torch.float32)
+    assert bias.shape == (1, 1, 1, KEY_BLOCK)
+    assert bias[0, 0, 0, :3].tolist() == [0.0, float("-inf"), 0.0]
+    assert bool((bias[..., 3:] == float("-inf")).all())
+
+
+def test_refuses_a_bias_that_does_not_pad_the_keys_to_whole_blocks() -> None:
+    q, keys = torch.zeros(1, 2, 1, 8), torch.zeros(1, 1, 70, 8)
+    with pytest.raises(ValueError, match="whole blocks"):
+        span_attention(q, keys, keys, torch.zeros(1, 1, 1, KEY_BLOCK))
