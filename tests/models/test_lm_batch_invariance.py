@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 import torch
 
+from cosyserve.engine.decode_graphs import DecodeGraphs, eager_capture
 from cosyserve.modeldir.presets import TINY
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM
@@ -73,3 +74,21 @@ def test_a_prompt_gives_the_same_bits_in_any_prefill_split(lm: CosyVoice2LM) -> 
     assert all(
         torch.equal(a, b) for a, b in zip(cache.read(split, 0, 88), cache.read(whole, 0, 88), strict=True)
     )
+
+
+@torch.inference_mode()
+def test_a_static_decode_step_gives_the_eager_steps_bits(lm: CosyVoice2LM) -> None:
+    # Batches padded to 4 rows, keys read up to a 128- or 256-key bucket under a mask.
+    caches = [KVCache.for_config(QWEN, 4, 256) for _ in range(2)]
+    lengths = (60, 100, 126)
+    for cache in caches:
+        for slot, length in enumerate(lengths):
+            assert cache.allocate() == slot
+            lm.prefill(_prompt(length, slot), slot, cache)
+    eager, static = caches
+    graphs = DecodeGraphs(lm, static, eager_capture, batch_sizes=(1, 4), spans=(128, 256))
+    gen = torch.Generator().manual_seed(5)
+    for active in ([0, 1, 2], [2], [1, 2], [0, 1, 2]):  # the last step passes 128 positions
+        tokens = torch.randint(0, CFG.speech_token_size, (len(active),), generator=gen)
+        assert torch.equal(graphs.decode(tokens, active), lm.decode(tokens, active, eager))
+    assert static.length(2) > 128

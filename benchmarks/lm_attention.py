@@ -1,0 +1,138 @@
+"""The LM's two attention kernels on a full-size model: what each costs in decode steps and
+prefill chunks, and whether a row's output depends on its batch or its prefill split.
+
+    python benchmarks/lm_attention.py --model-dir /tmp/cv2-full-bench [--dtype bf16]
+        [--quantize int8] [--repeats 15] [--json out.json]
+
+The LM is loaded as the server loads it. Decode steps run torch's attention kernel and
+prefill chunks :func:`~cosyserve.models.span_attention.span_attention`
+(``runs_span_attention``); each measurement here runs both, the choice forced in turn
+(interleaved within each repeat), and prints the median milliseconds:
+
+- a decode step at batch 1 and at batch 8 (rows of 100 to 219 positions);
+- prefill chunks of 88 positions (a 3 s voice prompt and its text), of 256 from position
+  0, and of 256 after 768 cached positions (a third as many repeats).
+
+Then the checks, with the kernels as the engine runs them: a row of 50 positions decoded
+alone and in one step with rows of 130 and 700, and a prompt of 88 positions prefilled
+whole and in chunks of 40, 1 and 47; each prints the largest log-prob difference.
+"""
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import cosyserve.models.qwen2 as qwen2
+from cosyserve.loader import load_model
+from cosyserve.models.kv_cache import KVCache
+from cosyserve.models.lm import CosyVoice2LM
+
+KERNELS = {"torch": False, "span": True}
+ENGINE_CHOICE = qwen2.runs_span_attention
+
+
+def forced(span: bool) -> Callable[..., bool]:
+    return lambda device, step: span
+
+
+def decode_times(lm: CosyVoice2LM, cache: KVCache, batch: int, repeats: int) -> dict[str, float]:
+    """Median ms of a decode step of ``batch`` rows per kernel; the slots are left as found."""
+    slots = list(range(batch))
+    lengths = [cache.length(s) for s in slots]
+    tokens = torch.arange(batch) + 3
+    times: dict[str, list[float]] = {name: [] for name in KERNELS}
+    for repeat in range(repeats + 2):
+        for name, span in KERNELS.items():
+            qwen2.runs_span_attention = forced(span)
+            start = time.perf_counter()
+            lm.decode(tokens, slots, cache)
+            if repeat >= 2:  # two warm-up rounds
+                times[name].append((time.perf_counter() - start) * 1e3)
+            for slot, length in zip(slots, lengths, strict=True):
+                cache.truncate(slot, length)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def prefill_times(lm: CosyVoice2LM, cache: KVCache, start: int, n: int, repeats: int) -> dict[str, float]:
+    """Median ms of prefilling positions ``[start, start + n)`` of slot 8 per kernel."""
+    embeddings = lm.speech_embedding(torch.arange(start + n) % 500)
+    slot = 8
+    cache.truncate(slot, 0)
+    if start:
+        lm.prefill(embeddings[:start], slot, cache)
+    times: dict[str, list[float]] = {name: [] for name in KERNELS}
+    for repeat in range(max(3, repeats // 3) + 1):
+        for name, span in KERNELS.items():
+            qwen2.runs_span_attention = forced(span)
+            begin = time.perf_counter()
+            lm.prefill(embeddings[start:], slot, cache)
+            if repeat >= 1:
+                times[name].append((time.perf_counter() - begin) * 1e3)
+            cache.truncate(slot, start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def checks(lm: CosyVoice2LM, cache: KVCache) -> dict[str, float]:
+    """Largest |log-prob difference| of a row alone and batched, and of a prompt whole and
+    split, with the kernels as the engine runs them."""
+    qwen2.runs_span_attention = ENGINE_CHOICE
+    for slot in range(9):
+        cache.truncate(slot, 0)
+    lengths = (50, 130, 700)
+    for slot, length in enumerate(lengths):
+        lm.prefill(lm.speech_embedding(torch.arange(length) % 300), slot, cache)
+    tokens = torch.tensor([5, 7, 9])
+    alone = []
+    for slot, length in enumerate(lengths):
+        alone.append(lm.decode(tokens[slot : slot + 1], [slot], cache)[0])
+        cache.truncate(slot, length)
+    together = lm.decode(tokens, [0, 1, 2], cache)
+    decode = max(float((together[i] - alone[i]).abs().max()) for i in range(3))
+    prompt = lm.speech_embedding(torch.arange(88) % 300)
+    for slot in (3, 4):
+        cache.truncate(slot, 0)
+    whole = lm.prefill(prompt, 3, cache)
+    for begin, end in ((0, 40), (40, 41), (41, 88)):
+        split = lm.prefill(prompt[begin:end], 4, cache)
+    return {"decode_beside_longer_rows": decode, "prefill_split": float((split - whole).abs().max())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--quantize", default="int8")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    model = load_model(args.model_dir, dtype=args.dtype, quantize=args.quantize)
+    lm = model.lm
+    cache = KVCache.for_config(lm.cfg.qwen, 9, 2048, model.precision.kv_cache_dtype)
+    for _ in range(9):
+        cache.allocate()
+    results: dict[str, object] = {"precision": model.precision.describe()}
+    with torch.inference_mode():
+        for slot in range(8):
+            lm.prefill(lm.speech_embedding(torch.arange(100 + 17 * slot) % 500), slot, cache)
+        for batch in (1, 8):
+            results[f"decode_batch_{batch}_ms"] = decode_times(lm, cache, batch, args.repeats)
+            print(f"decode step, batch {batch}:", results[f"decode_batch_{batch}_ms"])
+        for start, n in ((0, 88), (0, 256), (768, 256)):
+            key = f"prefill_{n}_after_{start}_ms"
+            results[key] = prefill_times(lm, cache, start, n, args.repeats)
+            print(f"prefill of {n} after {start}:", results[key])
+        results["max_abs_log_prob_difference"] = checks(lm, cache)
+        print("max |log-prob difference|:", results["max_abs_log_prob_difference"])
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
