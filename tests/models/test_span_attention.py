@@ -93,6 +93,19 @@ def test_a_query_gets_the_same_bits_in_any_prefill_chunk(qkv: tuple[torch.Tensor
         assert torch.equal(chunk, whole[:, :, start:stop]), (start, stop)
 
 
+@pytest.mark.parametrize("geometry", list(GEOMETRIES.values()), ids=list(GEOMETRIES))
+def test_a_long_causal_chunk_gives_each_query_the_bits_of_a_short_one(geometry: tuple[int, int, int]) -> None:
+    # 300 queries from position 0: run in tiles, the early ones reading fewer key blocks.
+    heads, kv_heads, size = geometry
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(1, heads, 300, size, generator=gen)
+    keys, values = (torch.randn(1, kv_heads, 300, size, generator=gen) for _ in range(2))
+    whole = _attend(q, keys, values, [300], 300)
+    for start, stop in ((0, 1), (1, 70), (70, 300)):
+        chunk = _attend(q[:, :, start:stop], keys, values, [stop], stop)
+        assert torch.equal(chunk, whole[:, :, start:stop]), (start, stop)
+
+
 def test_bfloat16_inputs_are_attended_in_float32() -> None:
     gen = torch.Generator().manual_seed(1)
     q, keys, values = (torch.randn(1, 14, 1, 64, generator=gen) for _ in range(3))

@@ -81,14 +81,27 @@ def span_attention(
         keys = F.pad(keys, (0, 0, 0, padded - span))
         values = F.pad(values, (0, 0, 0, padded - span))
     # Long prefills run in tiles of queries, whose scores stay in cache: each query's
-    # result is the same in any tile.
+    # result is the same in any tile. A tile reads the blocks up to the last key any of its
+    # queries sees (a causal chunk's early queries see fewer): the blocks after add zeros.
     tile = max(1, _TILE_SCORES // (q.shape[1] * padded))
     if t <= tile:
         return _attend(q, keys, values, bias)
-    tiles = [
-        _attend(q[:, :, i : i + tile], keys, values, bias[:, :, i : i + tile]) for i in range(0, t, tile)
-    ]
+    tiles = []
+    for start in range(0, t, tile):
+        part = bias[:, :, start : start + tile]
+        seen = _blocks_seen(part)
+        tiles.append(
+            _attend(q[:, :, start : start + tile], keys[:, :, :seen], values[:, :, :seen], part[..., :seen])
+        )
     return torch.cat(tiles, dim=2)
+
+
+def _blocks_seen(bias: torch.Tensor) -> int:
+    """The keys of the blocks up to the last key some query of ``bias`` sees, their count
+    rounded up to a power of two (what :func:`_sum_blocks` pads to) within the span."""
+    visible = (bias > float("-inf")).flatten(0, -2).any(0)  # (S',)
+    blocks = int(visible.nonzero().max()) // KEY_BLOCK + 1 if bool(visible.any()) else 1
+    return min(bias.shape[-1], KEY_BLOCK << (blocks - 1).bit_length())
 
 
 def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
