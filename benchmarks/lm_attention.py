@@ -18,7 +18,6 @@ alone and in one step with rows of 130 and 700, and a prompt of 88 positions pre
 whole and in chunks of 40, 1 and 47; each prints the largest log-prob difference.
 """
 
-import argparse
 import json
 import statistics
 import time
@@ -26,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from bench_args import model_parser  # benchmarks/ is on the path when run as a script
 
 import cosyserve.models.qwen2 as qwen2
 from cosyserve.loader import load_model
@@ -103,12 +103,7 @@ def checks(lm: CosyVoice2LM, cache: KVCache) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model-dir", type=Path, required=True)
-    parser.add_argument("--dtype", default="bf16")
-    parser.add_argument("--quantize", default="int8")
+    parser = model_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

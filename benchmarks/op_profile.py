@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from roofline import flop_counts, measure_peaks  # benchmarks/ is on the path when run as a script
+from bench_args import model_parser  # benchmarks/ is on the path when run as a script
+from roofline import flop_counts, measure_peaks
 from torch.profiler import ProfilerActivity, profile
 
 from cosyserve.loader import LoadedModel, load_model
@@ -68,12 +69,7 @@ class Workload:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model-dir", type=Path, required=True)
-    parser.add_argument("--dtype", default="bf16")
-    parser.add_argument("--quantize", default="int8")
+    parser = model_parser(__doc__)
     parser.add_argument("--prompt", type=int, default=75, help="prompt speech tokens (3 s)")
     parser.add_argument("--tokens", type=int, default=150, help="speech tokens (6 s of audio)")
     parser.add_argument("--first-hop", type=int, default=5)
