@@ -10,9 +10,11 @@ bookkeeping. The CUDA test records real CUDA graphs; it runs where a GPU is pres
 import copy
 import logging
 import threading
+from collections.abc import Callable
 
 import pytest
 import torch
+from torch import nn
 
 from cosyserve.engine.config import EngineConfig
 from cosyserve.engine.decode_graphs import (
@@ -98,6 +100,25 @@ def test_a_traced_step_computes_what_the_static_step_computes(lm: CosyVoice2LM) 
         tokens = torch.randint(0, CFG.speech_token_size, (len(active),), generator=gen)
         assert torch.equal(traced.decode(tokens, active), rerun.decode(tokens, active))
     assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
+
+
+@torch.inference_mode()
+def test_a_trace_runs_once_when_it_is_captured(lm: CosyVoice2LM, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its first run builds what the process keeps of it: at start, not amid a burst's tensors.
+    runs: list[nn.Module] = []
+
+    def trace(module: nn.Module, *args: object, **kwargs: object) -> Callable[[], torch.Tensor]:
+        def run() -> torch.Tensor:
+            runs.append(module)
+            out: torch.Tensor = module()
+            return out
+
+        return run
+
+    monkeypatch.setattr(torch.jit, "trace", trace)
+    cache, _ = _prefilled(lm, 4, 128)
+    DecodeGraphs(lm, cache, TraceCapture(lm), batch_sizes=(1, 2), spans=(64, 128))
+    assert len(runs) == 4  # one per (batch, span)
 
 
 @torch.inference_mode()
