@@ -45,10 +45,9 @@ class EngineConfig:
     which skips the Python between a step's ops (``cosyserve.engine.decode_graphs``): in
     the engine a batch-1 step of the full bf16 + int8 model took 28 against 34 ms. It
     costs a trace per batch-size and span bucket at start (25, 17-19 s with
-    ``max_active`` 16) and memory the eager steps do not take: tracing those 25 left the
-    process 0.84 GiB larger (about 33 MiB of TorchScript graph per trace), and under 8
-    streams it peaked 4.5 GiB higher than with eager steps (docs/benchmarks.md, runs 34
-    and 36). Off by default; ignored elsewhere.
+    ``max_active`` 16) and memory the eager steps do not take: about 1.3 GiB for those 25
+    (a TorchScript graph and its execution plan per trace, docs/benchmarks.md, runs 36
+    and 37). Off by default; ignored elsewhere.
     ``pretouch_mb``: MiB of memory the engine's thread faults in when it starts and keeps
     for its tensors (``cosyserve.memory.pretouch``), so that the first burst of streams'
     flow caches finds it resident; the process's RSS starts that much higher. 0: none.
