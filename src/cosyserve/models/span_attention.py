@@ -109,8 +109,9 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: tor
     b, heads, t, d = q.shape
     kv_heads, padded = keys.shape[1], keys.shape[2]
     group, blocks = heads // kv_heads, padded // KEY_BLOCK
-    # Rows ordered (group member, query): the rows of one key head form one matrix. A
-    # score is one D-term dot product whatever the matrix's size (checked in the tests).
+    # Rows ordered (group member, query): the rows of one key head form one matrix. Its
+    # GEMM sums a row's scores alike at any width, and at any height from 3 rows up (the
+    # released model has 7 or more; the tests check both head geometries).
     rows = q.float().reshape(b, kv_heads, group * t, d)
     scores = torch.matmul(rows, keys.transpose(-1, -2))  # (B, H_kv, G*T, S')
     # Base-2 scores: exp2 is exact 0 at -inf and fast there, where exp (MKL's vector exp
