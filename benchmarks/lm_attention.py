@@ -40,22 +40,34 @@ def forced(span: bool) -> Callable[..., bool]:
     return lambda device, step: span
 
 
+def interleaved(
+    run: Callable[[], object], undo: Callable[[], None], rounds: int, warm_up: int
+) -> dict[str, float]:
+    """Median ms of ``run()`` per kernel, the kernels taking turns for ``rounds`` rounds of
+    which the first ``warm_up`` are not counted; ``undo()`` after each call."""
+    times: dict[str, list[float]] = {name: [] for name in KERNELS}
+    for repeat in range(rounds):
+        for name, span in KERNELS.items():
+            qwen2.runs_span_attention = forced(span)
+            start = time.perf_counter()
+            run()
+            if repeat >= warm_up:
+                times[name].append((time.perf_counter() - start) * 1e3)
+            undo()
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def decode_times(lm: CosyVoice2LM, cache: KVCache, batch: int, repeats: int) -> dict[str, float]:
     """Median ms of a decode step of ``batch`` rows per kernel; the slots are left as found."""
     slots = list(range(batch))
     lengths = [cache.length(s) for s in slots]
     tokens = torch.arange(batch) + 3
-    times: dict[str, list[float]] = {name: [] for name in KERNELS}
-    for repeat in range(repeats + 2):
-        for name, span in KERNELS.items():
-            qwen2.runs_span_attention = forced(span)
-            start = time.perf_counter()
-            lm.decode(tokens, slots, cache)
-            if repeat >= 2:  # two warm-up rounds
-                times[name].append((time.perf_counter() - start) * 1e3)
-            for slot, length in zip(slots, lengths, strict=True):
-                cache.truncate(slot, length)
-    return {name: statistics.median(t) for name, t in times.items()}
+
+    def undo() -> None:
+        for slot, length in zip(slots, lengths, strict=True):
+            cache.truncate(slot, length)
+
+    return interleaved(lambda: lm.decode(tokens, slots, cache), undo, repeats + 2, warm_up=2)
 
 
 def prefill_times(lm: CosyVoice2LM, cache: KVCache, start: int, n: int, repeats: int) -> dict[str, float]:
@@ -65,16 +77,12 @@ def prefill_times(lm: CosyVoice2LM, cache: KVCache, start: int, n: int, repeats:
     cache.truncate(slot, 0)
     if start:
         lm.prefill(embeddings[:start], slot, cache)
-    times: dict[str, list[float]] = {name: [] for name in KERNELS}
-    for repeat in range(max(3, repeats // 3) + 1):
-        for name, span in KERNELS.items():
-            qwen2.runs_span_attention = forced(span)
-            begin = time.perf_counter()
-            lm.prefill(embeddings[start:], slot, cache)
-            if repeat >= 1:
-                times[name].append((time.perf_counter() - begin) * 1e3)
-            cache.truncate(slot, start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return interleaved(
+        lambda: lm.prefill(embeddings[start:], slot, cache),
+        lambda: cache.truncate(slot, start),
+        max(3, repeats // 3) + 1,
+        warm_up=1,
+    )
 
 
 def checks(lm: CosyVoice2LM, cache: KVCache) -> dict[str, float]:

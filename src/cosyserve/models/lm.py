@@ -71,12 +71,13 @@ class CosyVoice2LM(nn.Module):
     def speech_log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """Head on final hidden states (..., H): float32 log-probs (..., 6564)."""
         rows = hidden.reshape(-1, hidden.shape[-1])  # (N, H)
-        if rows.shape[0] == 1:
+        n = rows.shape[0]
+        if n == 1:
             # One row takes the matrix-vector kernel, whose sums differ from the matrix
             # kernel's (by about 1e-7): with a copy beside it, a row gets the same log-probs
             # alone as in any batch, for 0.2 ms of a batch-1 step.
             rows = rows.repeat(2, 1)
-        logits: torch.Tensor = self.llm_decoder(rows)[: hidden.numel() // hidden.shape[-1]]
+        logits: torch.Tensor = self.llm_decoder(rows)[:n]
         return logits.float().log_softmax(-1).view(*hidden.shape[:-1], -1)
 
     def prefill(self, embeddings: torch.Tensor, slot: int, cache: KVCache) -> torch.Tensor:
