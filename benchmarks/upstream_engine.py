@@ -401,8 +401,7 @@ def _run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
     command += ["--pretouch-mb", str(args.pretouch_mb)]
     if args.flow_prompt_whole:
         command.append("--flow-prompt-whole")
-    if args.traced_decode:
-        command.append("--traced-decode")
+    command.append("--traced-decode" if args.traced_decode else "--no-traced-decode")
     command += ["--dtype", args.dtype, "--quantize", args.quantize, "--flow-quantize", args.flow_quantize]
     if not args.warm_up:
         command.append("--no-warm-up")
@@ -487,8 +486,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--traced-decode",
-        action="store_true",
-        help="ours only: EngineConfig.traced_decode (CPU decode steps replayed from TorchScript traces)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ours only: EngineConfig.traced_decode (CPU decode steps replayed from TorchScript traces; "
+        "default on)",
     )
     parser.add_argument(
         "--dtype",

@@ -59,9 +59,10 @@ def run_together(engine: Engine, specs: list[GenerationSpec]) -> dict[str, Resul
 
 
 def run_alone(model: LoadedModel, specs: list[GenerationSpec]) -> dict[str, Result]:
-    """Each spec alone in an engine of one slot without prefix cache: the reference."""
+    """Each spec alone in an engine of one slot without prefix cache, its decode steps
+    eager: the reference."""
     results: dict[str, Result] = {}
-    engine = make_engine(model, max_active=1, prefix_cache_positions=0)
+    engine = make_engine(model, max_active=1, prefix_cache_positions=0, traced_decode=False)
     for spec in specs:
         engine.add(spec)
         drain(engine, results)

@@ -7,7 +7,7 @@ import gc
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,8 +97,9 @@ async def wait_idle(engine: AsyncEngine, timeout: float = 60.0) -> None:
 def test_sixteen_concurrent_requests_match_their_solo_runs(
     tiny_model: LoadedModel, specs: list[GenerationSpec], alone: dict[str, Result], traced: bool
 ) -> None:
-    # Traced: decode steps replayed from TorchScript traces (traced_decode), padded to
-    # batch buckets of 1-16 and reading keys up to span buckets; the solo runs are eager.
+    # Traced: decode steps replayed from TorchScript traces (traced_decode, the default),
+    # one for a lone row and one for larger batches, over each step's span; the solo runs
+    # are eager.
     engine = make_engine(tiny_model, max_active=16, traced_decode=traced)
     assert (engine.lm_runner.decode_graphs is not None) == traced
     results = run_together(engine, specs)
@@ -167,30 +168,34 @@ def test_aborting_half_mid_stream_frees_everything(
     assert all(ref() is None for ref in refs), "a request's state outlived it"
 
 
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
 def test_a_failing_request_fails_alone(
     tiny_model: LoadedModel,
     specs: list[GenerationSpec],
     alone: dict[str, Result],
     monkeypatch: pytest.MonkeyPatch,
+    traced: bool,
 ) -> None:
     good = specs[:6]
     bad_input = dataclasses.replace(specs[6], request_id="bad-input", segments=(dataclasses.replace(
         specs[6].segments[0], text_ids=(10**9,)),))  # fmt: skip
     nan = dataclasses.replace(specs[7], request_id="nan")
     crash = dataclasses.replace(specs[8], request_id="crash")
-    engine = make_engine(tiny_model, max_active=16)
-    real_decode = tiny_model.lm.decode
+    engine = make_engine(tiny_model, max_active=16, traced_decode=traced)
+    # The failures go into whichever decode the engine steps with: the LM's, or the replays'.
+    graphs = engine.lm_runner.decode_graphs
+    real_decode: Callable[..., torch.Tensor] = tiny_model.lm.decode if graphs is None else graphs.decode
 
-    def decode(tokens: torch.Tensor, slots: list[int], cache: Any) -> torch.Tensor:
+    def decode(tokens: torch.Tensor, slots: list[int], *cache: Any) -> torch.Tensor:
         live = running(engine)
         if "crash" in live and live["crash"].slot in slots and len(live["crash"].lm_state.tokens) >= 4:
             raise RuntimeError("a kernel failed")  # whoever's batch this is: retried alone
-        out = real_decode(tokens, slots, cache)
+        out = real_decode(tokens, slots, *cache)
         if "nan" in live and live["nan"].slot in slots and len(live["nan"].lm_state.tokens) >= 3:
             out[slots.index(live["nan"].slot)] = float("nan")
         return out
 
-    monkeypatch.setattr(tiny_model.lm, "decode", decode)
+    monkeypatch.setattr(tiny_model.lm if graphs is None else graphs, "decode", decode)
     results = run_together(engine, [*good, bad_input, nan, crash])
     assert results["bad-input"].error is not None and results["bad-input"].error.code == "invalid_request"
     assert results["nan"].error is not None and results["nan"].error.code == "numerical_error"

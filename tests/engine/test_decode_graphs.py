@@ -1,7 +1,7 @@
 """Decode steps replayed from static buffers (``decode_graphs``) against eager steps.
 
-On CPU the steps are recorded as TorchScript traces (:class:`TraceCapture`, with
-``traced_decode``) or "captured" by :func:`eager_capture` (a replay runs the step again
+On CPU the steps are recorded as TorchScript traces (:class:`TraceCapture`, the
+engine's default) or "captured" by :class:`EagerCapture` (a replay runs the step again
 on the same buffers), which checks everything but the recording itself: padding to a
 captured batch size, the scratch slot, spans and their masks, and the cache's
 bookkeeping. The CUDA test records real CUDA graphs; it runs where a GPU is present.
@@ -21,9 +21,9 @@ from cosyserve.engine.decode_graphs import (
     Capture,
     CudaGraphCapture,
     DecodeGraphs,
+    EagerCapture,
     TraceCapture,
     buckets,
-    eager_capture,
 )
 from cosyserve.engine.engine import Engine
 from cosyserve.loader import LoadedModel
@@ -51,15 +51,25 @@ def _prefilled(
     return cache, slots
 
 
+def _graphs(lm: CosyVoice2LM, cache: KVCache, capture: Capture) -> DecodeGraphs:
+    """Buckets of 1, 2 and 4 rows over 64 and 128 keys; for a shape-free capture, the
+    engine's: a lone row, and up to 4 rows over any span."""
+    if capture.shape_free:
+        return DecodeGraphs.for_engine(lm, cache, capture, max_batch=4)
+    return DecodeGraphs(lm, cache, capture, batch_sizes=(1, 2, 4), spans=(64, 128))
+
+
 def _compare_steps(lm: CosyVoice2LM, device: str, capture: Capture, steps: int = 9) -> None:
     """Eager steps on one cache against replayed steps on another with the same prompts:
-    batches of 3 (padded to 4), 1 and 2, the longest sequence growing from a 64-position
-    span into the 128 one."""
+    batches of 3 (padded to 4 in buckets), 1 and 2, the longest sequence growing from a
+    64-position span into a 128-position one."""
     eager_cache, slots = _prefilled(lm, 3, 128, device)
     graph_cache, graph_slots = _prefilled(lm, 4, 128, device)  # + the scratch slot
     assert graph_slots == slots
-    graphs = DecodeGraphs(lm, graph_cache, capture, batch_sizes=(1, 2, 4), spans=(64, 128))
-    assert graphs.pad_slot not in slots and graph_cache.free_slots == 0
+    graphs = _graphs(lm, graph_cache, capture)
+    # Buckets keep a scratch slot for padded rows; shape-free steps give it back.
+    assert graphs.pad_slot not in slots
+    assert graph_cache.free_slots == (1 if capture.shape_free else 0)
     gen = torch.Generator().manual_seed(7)
     for step in range(steps):
         active = (slots, slots[:1], slots[1:])[step % 3]
@@ -67,18 +77,24 @@ def _compare_steps(lm: CosyVoice2LM, device: str, capture: Capture, steps: int =
         want = lm.decode(tokens, active, eager_cache)
         got = graphs.decode(tokens, active)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert max(graph_cache.length(s) for s in slots) > 64  # the span grew past a bucket
+    assert max(graph_cache.length(s) for s in slots) > 64  # the span grew past a key block
     for slot in slots:
         length = eager_cache.length(slot)
         assert graph_cache.length(slot) == length
         got_kv, want_kv = graph_cache.read(slot, 0, length), eager_cache.read(slot, 0, length)
         torch.testing.assert_close(got_kv, want_kv, rtol=1e-5, atol=1e-5)
-    assert graph_cache.length(graphs.pad_slot) == 0
+    if graphs.pad_slot is not None:
+        assert graph_cache.length(graphs.pad_slot) == 0
 
 
 @torch.inference_mode()
 def test_replayed_steps_match_eager_steps(lm: CosyVoice2LM) -> None:
-    _compare_steps(lm, "cpu", eager_capture)
+    _compare_steps(lm, "cpu", EagerCapture())
+
+
+@torch.inference_mode()
+def test_replayed_shape_free_steps_match_eager_steps(lm: CosyVoice2LM) -> None:
+    _compare_steps(lm, "cpu", EagerCapture(shape_free=True))
 
 
 @torch.inference_mode()
@@ -88,18 +104,32 @@ def test_traced_steps_match_eager_steps(lm: CosyVoice2LM) -> None:
 
 @torch.inference_mode()
 def test_a_traced_step_computes_what_the_static_step_computes(lm: CosyVoice2LM) -> None:
-    # Two caches with the same prompts: one replayed from traces, one by running the step
-    # again. The traced ops are the step's own, so every output is the same, bit for bit.
+    # Two caches with the same prompts: one replayed from two traces (made at 1 and 4 rows
+    # over 128 keys), one by running the step again. The traced ops are the step's own at
+    # every batch and span, so every output is the same, bit for bit.
     caches = [_prefilled(lm, 4, 128)[0] for _ in range(2)]
     traced, rerun = (
-        DecodeGraphs(lm, cache, capture, batch_sizes=(1, 4), spans=(64, 128))
-        for cache, capture in zip(caches, (TraceCapture(lm), eager_capture), strict=True)
+        DecodeGraphs.for_engine(lm, cache, capture, max_batch=4)
+        for cache, capture in zip(caches, (TraceCapture(lm), EagerCapture(shape_free=True)), strict=True)
     )
+    assert list(traced.replays) == [(4, 128), (1, 128)]
     gen = torch.Generator().manual_seed(3)
-    for active in ([0, 1, 2], [1], [2, 0]):
+    for active in ([0, 1, 2], [1], [2, 0], [0, 1, 2], [0], [1, 2]):
         tokens = torch.randint(0, CFG.speech_token_size, (len(active),), generator=gen)
         assert torch.equal(traced.decode(tokens, active), rerun.decode(tokens, active))
-    assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
+    assert max(caches[0].length(s) for s in range(3)) > 64  # spans of 64 and then 128 keys
+    # The requests' slots (the traces' runs at capture wrote into the scratch slot too).
+    assert torch.equal(caches[0].k[:, :3], caches[1].k[:, :3])
+    assert torch.equal(caches[0].v[:, :3], caches[1].v[:, :3])
+
+
+@torch.inference_mode()
+def test_shape_free_steps_give_back_the_slot_their_captures_wrote(lm: CosyVoice2LM) -> None:
+    cache = KVCache.for_config(CFG.qwen, 2, 128)
+    graphs = DecodeGraphs.for_engine(lm, cache, TraceCapture(lm), max_batch=2)
+    assert graphs.pad_slot is None and cache.free_slots == 2
+    # Free slots hold zeros (KVCache.free): the captures' keys and values are gone.
+    assert not cache.k.any() and not cache.v.any()
 
 
 @torch.inference_mode()
@@ -107,10 +137,10 @@ def test_a_trace_runs_once_when_it_is_captured(lm: CosyVoice2LM, monkeypatch: py
     # Its first run builds what the process keeps of it: at start, not amid a burst's tensors.
     runs: list[nn.Module] = []
 
-    def trace(module: nn.Module, *args: object, **kwargs: object) -> Callable[[], torch.Tensor]:
-        def run() -> torch.Tensor:
+    def trace(module: nn.Module, *args: object, **kwargs: object) -> Callable[[torch.Tensor], torch.Tensor]:
+        def run(shape: torch.Tensor) -> torch.Tensor:
             runs.append(module)
-            out: torch.Tensor = module()
+            out: torch.Tensor = module(shape)
             return out
 
         return run
@@ -118,7 +148,7 @@ def test_a_trace_runs_once_when_it_is_captured(lm: CosyVoice2LM, monkeypatch: py
     monkeypatch.setattr(torch.jit, "trace", trace)
     cache, _ = _prefilled(lm, 4, 128)
     DecodeGraphs(lm, cache, TraceCapture(lm), batch_sizes=(1, 2), spans=(64, 128))
-    assert len(runs) == 4  # one per (batch, span)
+    assert len(runs) == 4  # one per trace
 
 
 @torch.inference_mode()
@@ -145,7 +175,7 @@ def test_an_lm_that_cannot_be_traced_runs_its_steps_eagerly(
 @torch.inference_mode()
 def test_refuses_what_no_graph_fits(lm: CosyVoice2LM) -> None:
     cache, slots = _prefilled(lm, 4, 128)
-    graphs = DecodeGraphs(lm, cache, eager_capture, batch_sizes=(1, 2), spans=(128,))
+    graphs = DecodeGraphs(lm, cache, EagerCapture(), batch_sizes=(1, 2), spans=(128,))
     with pytest.raises(ValueError, match="exceeds the largest captured, 2"):
         graphs.decode(torch.zeros(3, dtype=torch.long), slots)
     with pytest.raises(ValueError, match="scratch slot"):
@@ -154,11 +184,11 @@ def test_refuses_what_no_graph_fits(lm: CosyVoice2LM) -> None:
         graphs.decode(torch.zeros(2, dtype=torch.long), slots[:1])
     assert [cache.length(s) for s in slots] == list(LENGTHS)  # refused steps changed nothing
     with pytest.raises(ValueError, match="end at the capacity 128"):
-        DecodeGraphs(lm, cache, eager_capture, batch_sizes=(1,), spans=(64,))
+        DecodeGraphs(lm, cache, EagerCapture(), batch_sizes=(1,), spans=(64,))
     with pytest.raises(ValueError, match="whole key blocks of 64"):
-        DecodeGraphs(lm, cache, eager_capture, batch_sizes=(1,), spans=(100, 128))
+        DecodeGraphs(lm, cache, EagerCapture(), batch_sizes=(1,), spans=(100, 128))
     with pytest.raises(ValueError, match="ascending"):
-        DecodeGraphs(lm, cache, eager_capture, batch_sizes=(2, 1), spans=(128,))
+        DecodeGraphs(lm, cache, EagerCapture(), batch_sizes=(2, 1), spans=(128,))
 
 
 def test_buckets_double_up_to_the_limit() -> None:
@@ -168,23 +198,25 @@ def test_buckets_double_up_to_the_limit() -> None:
     assert buckets(2048, 128) == (128, 256, 512, 1024, 2048)
 
 
-def test_engine_traces_decode_steps_on_a_cpu_when_asked(tiny_model: LoadedModel) -> None:
+def test_engine_traces_decode_steps_on_a_cpu_by_default(tiny_model: LoadedModel) -> None:
     model = tiny_model
-    config = EngineConfig(max_active=4, max_len=256, traced_decode=True)
+    config = EngineConfig(max_active=4, max_len=256)
     engine = Engine(model.lm, model.flow, model.hift, config)
     graphs = engine.lm_runner.decode_graphs
-    assert graphs is not None and graphs.batch_sizes == (1, 2, 4) and graphs.spans == (128, 256)
-    assert len(graphs.replays) == 6 and engine.lm_runner.cache.max_slots == 5
+    # Two traces: a lone row, and up to 4 rows, each over any span.
+    assert graphs is not None and graphs.shape_free
+    assert graphs.batch_sizes == (1, 4) and graphs.spans == (256,)
+    assert len(graphs.replays) == 2 and engine.lm_runner.cache.max_slots == 4  # no scratch slot
     # Traced on a thread of its own: no thread but the caller's is left behind.
     assert not any(t.name == "cosyserve-trace" for t in threading.enumerate())
 
 
 def test_engine_with_replayed_steps_gives_the_same_requests(tiny_model: LoadedModel) -> None:
     specs = mixed_specs(tiny_model, count=6)
-    eager = make_engine(tiny_model, max_active=4)
-    assert eager.lm_runner.decode_graphs is None  # traced_decode off: eager steps
+    eager = make_engine(tiny_model, max_active=4, traced_decode=False)
+    assert eager.lm_runner.decode_graphs is None
     model = tiny_model
-    replayed = Engine(model.lm, model.flow, model.hift, eager.config, decode_capture=eager_capture)
+    replayed = Engine(model.lm, model.flow, model.hift, eager.config, decode_capture=EagerCapture())
     graphs = replayed.lm_runner.decode_graphs
     assert graphs is not None and graphs.batch_sizes == (1, 2, 4)
     assert replayed.lm_runner.cache.max_slots == 5

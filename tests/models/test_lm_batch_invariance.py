@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from cosyserve.engine.decode_graphs import DecodeGraphs, eager_capture
+from cosyserve.engine.decode_graphs import DecodeGraphs, EagerCapture
 from cosyserve.modeldir.presets import TINY
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM
@@ -86,7 +86,7 @@ def test_a_static_decode_step_gives_the_eager_steps_bits(lm: CosyVoice2LM) -> No
             assert cache.allocate() == slot
             lm.prefill(_prompt(length, slot), slot, cache)
     eager, static = caches
-    graphs = DecodeGraphs(lm, static, eager_capture, batch_sizes=(1, 4), spans=(128, 256))
+    graphs = DecodeGraphs(lm, static, EagerCapture(), batch_sizes=(1, 4), spans=(128, 256))
     gen = torch.Generator().manual_seed(5)
     for active in ([0, 1, 2], [2], [1, 2], [0, 1, 2]):  # the last step passes 128 positions
         tokens = torch.randint(0, CFG.speech_token_size, (len(active),), generator=gen)

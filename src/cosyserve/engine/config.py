@@ -42,12 +42,12 @@ class EngineConfig:
     ``cuda_graphs``: on a CUDA device, replay decode steps from CUDA graphs captured at
     start (``cosyserve.engine.decode_graphs``); ignored elsewhere.
     ``traced_decode``: on a CPU, replay decode steps from TorchScript traces made at start,
-    which skips the Python between a step's ops (``cosyserve.engine.decode_graphs``): in
-    the engine a batch-1 step of the full bf16 + int8 model took 28 against 34 ms. It
-    costs a trace per batch-size and span bucket at start (25, 17-19 s with
-    ``max_active`` 16) and memory the eager steps do not take: about 1.3 GiB for those 25
-    (a TorchScript graph and its execution plan per trace, docs/benchmarks.md, runs 36
-    and 37). Off by default; ignored elsewhere.
+    which skips the Python between a step's ops (``cosyserve.engine.decode_graphs``). Two
+    traces serve every step, one for a lone row and one for larger batches, each over any
+    span: on the full bf16 + int8 model they take 1.6 s and about 40 MiB at start, and a
+    step over 100-150 cached positions took 25 against 31 ms at batch 1 and 44 against 56 ms
+    at batch 8 (docs/benchmarks.md, "Traced decode steps"). Ignored elsewhere; where the
+    LM cannot be traced, steps run eagerly.
     ``pretouch_mb``: MiB of memory the engine's thread faults in when it starts and keeps
     for its tensors (``cosyserve.memory.pretouch``), so that the first burst of streams'
     flow caches finds it resident; the process's RSS starts that much higher. 0: none.
@@ -64,7 +64,7 @@ class EngineConfig:
     flow_prompt_whole: bool = False
     flow_stream_cache_mb: int = 0
     cuda_graphs: bool = True
-    traced_decode: bool = False
+    traced_decode: bool = True
     pretouch_mb: int = 0
     dtype: torch.dtype = torch.float32
     device: str = "cpu"

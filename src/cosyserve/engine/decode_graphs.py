@@ -7,24 +7,28 @@ the launches of one step once and replays them with one call. On a CPU the same 
 spends about a quarter of its time in Python and dispatch between its ops; a TorchScript
 trace records the ops once and replays them in TorchScript's interpreter (a batch-1 int8
 step of the full model in the engine, 2 cores of an AMX Xeon: 28 against 34 ms;
-``EngineConfig.traced_decode`` says what it costs). Either fixes every shape, so a
-captured step works on static buffers:
+``EngineConfig.traced_decode`` says what it costs). Both work on static buffers:
 
-- the batch is padded up to a captured size (1, 2, 4, ... ``max_batch``); padded rows
-  write their keys and values into a scratch slot of the KV cache that no request gets;
-- the keys are read up to a captured span (128, 256, ... the cache's capacity) with a
-  mask computed in the graph from the rows' positions, instead of up to the batch's
-  longest sequence (on a CPU each row's result is the same bits either way:
-  :mod:`cosyserve.models.span_attention`);
 - the host fills the buffers with the step's tokens, slots and positions, replays the
-  graph for (padded batch, span), and reads the log-probs of the real rows.
+  step and reads the log-probs of the real rows;
+- each row's keys are gathered from the KV cache up to the step's span, with a mask
+  computed in the step from the rows' positions.
+
+A CUDA graph fixes every shape, so its steps come in buckets: the batch is padded up to a
+captured size (1, 2, 4, ... ``max_batch``), padded rows writing their keys and values into a
+scratch slot of the KV cache that no request gets, and the keys are read up to a captured
+span (128, 256, ... the cache's capacity) instead of the batch's longest sequence (each
+row's result is the same bits either way: :mod:`cosyserve.models.span_attention`). A trace
+takes its shapes from its input (:data:`Step`), so two traces serve every step: one for a
+lone row (whose speech head takes another branch, ``CosyVoice2LM.speech_log_probs``) and
+one for any larger batch, each over the step's own span.
 
 The KV cache's bookkeeping (which slot holds how many positions) stays on the host, in
 :meth:`KVCache.begin` and :meth:`KVCache.commit` as for an eager step. Prefill stays
 eager: its lengths vary and it runs once per request.
 
-How a graph is captured is a :data:`Capture` passed in: :class:`CudaGraphCapture` on a
-GPU, :class:`TraceCapture` on a CPU; :func:`eager_capture` replays by running the step
+How a step is captured is a :class:`Capture` passed in: :class:`CudaGraphCapture` on a
+GPU, :class:`TraceCapture` on a CPU; :class:`EagerCapture` replays by running the step
 again, which checks the static-buffer path against the eager one.
 """
 
@@ -32,7 +36,7 @@ import logging
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -41,47 +45,69 @@ from cosyserve.models.kv_cache import KVCache, causal_mask
 from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.models.span_attention import KEY_BLOCK, padded_span
 
-# Replays one captured step; returns its log-probs buffer (B_padded, V).
-Replay = Callable[[], torch.Tensor]
-Capture = Callable[[Replay], Replay]
+# A step's work for the shape of its argument: a (B, span) view whose sizes are the step's
+# rows and the keys each reads (traced, they stay sizes of an input, not constants).
+# Returns the (B, V) log-probs.
+Step = Callable[[torch.Tensor], torch.Tensor]
+Replay = Callable[[torch.Tensor], torch.Tensor]
 
 _FIRST_SPAN = 128
 
 logger = logging.getLogger(__name__)
 
 
-def eager_capture(step: Replay) -> Replay:
-    """No graph: each replay runs ``step`` again, on the same buffers."""
-    return step
+class Capture(Protocol):
+    """Records ``step`` at ``shape`` and returns its replay. ``shape_free``: the replay
+    takes any shape (a trace); otherwise only the one it was captured at."""
+
+    @property
+    def shape_free(self) -> bool: ...
+
+    def __call__(self, step: Step, shape: torch.Tensor) -> Replay: ...
+
+
+@dataclass(frozen=True)
+class EagerCapture:
+    """No graph: each replay runs the step again, on the same buffers. ``shape_free``:
+    replay every shape (as a trace does) or only the captured buckets' (as CUDA graphs)."""
+
+    shape_free: bool = False
+
+    def __call__(self, step: Step, shape: torch.Tensor) -> Replay:
+        return step
 
 
 class _StepModule(nn.Module):
     """``step`` as a module that holds ``lm``: tracing records calls on objects that belong
     to the traced module, and the int8 Linears' packed weights are such objects."""
 
-    def __init__(self, lm: CosyVoice2LM, step: Replay) -> None:
+    def __init__(self, lm: CosyVoice2LM, step: Step) -> None:
         super().__init__()
         self.lm = lm
         self.step = step
 
-    def forward(self) -> torch.Tensor:
-        return self.step()
+    def forward(self, shape: torch.Tensor) -> torch.Tensor:
+        return self.step(shape)
 
 
 class TraceCapture:
     """Records steps as TorchScript traces (CPU): a replay runs the recorded ops, with the
-    step's buffers and the KV cache read and written in place, as the step does.
+    step's buffers and the KV cache read and written in place, as the step does. The
+    shapes of a trace's ops follow its input's, so one trace replays every batch and span
+    (``shape_free``) but keeps the Python branches its example took.
 
     A trace holds no copy of the weights, but traces and their replays keep memory that
     eager steps do not (measured in ``EngineConfig.traced_decode``). Where the LM cannot be
     traced (torch without TorchScript, say), the step runs eagerly, with one warning.
     """
 
+    shape_free = True
+
     def __init__(self, lm: CosyVoice2LM) -> None:
         self.lm = lm
         self.failed = False
 
-    def __call__(self, step: Replay) -> Replay:
+    def __call__(self, step: Step, shape: torch.Tensor) -> Replay:
         if self.failed:
             return step
         try:
@@ -90,33 +116,34 @@ class TraceCapture:
                 # take fbgemm's packed int8 weights (docs/benchmarks.md, "Run 33"); while
                 # tracing exists it is used, and a torch without it runs the steps eagerly.
                 warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit.*")
-                # A trace is taken per (batch, span) bucket: the step's branches on shapes are
-                # meant to be fixed in it.
+                # The sizes turn into traced values, and the branches taken on them (a lone
+                # row's speech head) are meant to be fixed: DecodeGraphs traces a lone row
+                # apart.
                 warnings.filterwarnings(
                     "ignore",
                     category=torch.jit.TracerWarning,  # type: ignore[attr-defined]  # not re-exported
                 )
                 traced = torch.jit.trace(  # type: ignore[no-untyped-call]  # torch leaves it untyped
-                    _StepModule(self.lm, step), (), check_trace=False
+                    _StepModule(self.lm, step), (shape,), check_trace=False
                 )
         except (RuntimeError, TypeError, AttributeError) as exc:
             logger.warning("decode steps run eagerly: the LM could not be traced (%s)", type(exc).__name__)
             self.failed = True
             return step
 
-        def replay() -> torch.Tensor:
+        def replay(shape: torch.Tensor) -> torch.Tensor:
             # The plain interpreter: the optimizing one profiles a graph's first two runs
             # (290-380 ms each for a full-model step, against 76 ms) for no faster steps.
             with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]  # not re-exported
-                out: torch.Tensor = traced()
+                out: torch.Tensor = traced(shape)
             return out
 
         # A trace's first run builds its execution plan (about 30 MiB for the full model),
         # which the process keeps: built now, it sits with the other traces instead of
-        # among the flow caches of the first requests to use its bucket, which it kept
-        # from being reused (a second burst of 8 streams then peaked at 14.1 GiB, against
-        # 9.3 GiB with plans built at start).
-        replay()
+        # among the flow caches of the first requests to use it, which it kept from being
+        # reused (a second burst of 8 streams then peaked at 14.1 GiB, against 9.3 GiB
+        # with plans built at start).
+        replay(shape)
         return replay
 
 
@@ -124,12 +151,14 @@ class CudaGraphCapture:
     """Records steps as CUDA graphs sharing one memory pool (a replay runs one graph at a
     time, so their temporaries may share memory)."""
 
+    shape_free = False
+
     def __init__(self, device: torch.device) -> None:
         self.device = device
         with torch.cuda.device(device):
             self._pool = torch.cuda.graph_pool_handle()
 
-    def __call__(self, step: Replay) -> Replay:
+    def __call__(self, step: Step, shape: torch.Tensor) -> Replay:
         with torch.cuda.device(self.device):
             # Warm up on a side stream first, as torch's CUDA graph docs require (lazy
             # initialisation, kernel selection), so that the capture records steady work.
@@ -137,13 +166,13 @@ class CudaGraphCapture:
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    step()
+                    step(shape)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                out = step()
+                out = step(shape)
 
-        def replay() -> torch.Tensor:
+        def replay(shape: torch.Tensor) -> torch.Tensor:
             graph.replay()
             return out
 
@@ -197,10 +226,14 @@ class StaticDecodeStep:
 
 
 class DecodeGraphs:
-    """Captured decode steps of ``lm`` over ``cache``, one per (batch size, span).
+    """Captured decode steps of ``lm`` over ``cache``: one per (batch size, span) bucket, or
+    with a shape-free capture one for a lone row and one for any larger batch
+    (:meth:`for_engine` picks the buckets).
 
-    Takes one slot of ``cache`` for good (the padded rows' scratch slot): give the cache
-    one slot more than the requests that may hold one at once.
+    A capture that is not shape-free pads batches with rows of a scratch slot, which it
+    takes from ``cache`` for good (``pad_slot``): give the cache one slot more than the
+    requests that may hold one at once. A shape-free one borrows a slot only while its
+    steps are captured.
     """
 
     def __init__(
@@ -213,6 +246,8 @@ class DecodeGraphs:
     ) -> None:
         if not batch_sizes or list(batch_sizes) != sorted(set(batch_sizes)) or batch_sizes[0] < 1:
             raise ValueError(f"batch sizes must be distinct, positive and ascending, got {batch_sizes}")
+        if capture.shape_free and batch_sizes[0] != 1:
+            raise ValueError("a shape-free capture needs a bucket of its own for a lone row")
         if not spans or list(spans) != sorted(set(spans)) or spans[0] < 1 or spans[-1] != cache.capacity:
             raise ValueError(
                 f"spans must be distinct, ascending and end at the capacity {cache.capacity}, got {spans}"
@@ -221,17 +256,20 @@ class DecodeGraphs:
             raise ValueError(f"spans must be whole key blocks of {KEY_BLOCK}, got {spans}")
         self.lm = lm
         self.cache = cache
+        self.shape_free = capture.shape_free
         self.batch_sizes = tuple(batch_sizes)
         self.spans = tuple(spans)
-        self.pad_slot = cache.allocate()
+        self._scratch = scratch = cache.allocate()
         device = cache.k.device
         most = self.batch_sizes[-1]
         # Padded rows: token 0 written at position 0 of the scratch slot, seeing only it.
         self._tokens = torch.zeros(most, dtype=torch.long, device=device)
-        self._slots = torch.full((most,), self.pad_slot, dtype=torch.long, device=device)
+        self._slots = torch.full((most,), scratch, dtype=torch.long, device=device)
         self._positions = torch.zeros(most, 1, dtype=torch.long, device=device)
         self._keys = torch.arange(cache.capacity, device=device)
-        # The history buffers of StaticDecodeStep, flat: each bucket views its first part.
+        # A step's shape argument is a view of this; it is never read.
+        self._shape = torch.empty(most, cache.capacity, dtype=torch.bool, device=device)
+        # The history buffers of StaticDecodeStep, flat: each step views its first part.
         _, _, heads, capacity, head_dim = cache.k.shape
         self._history = torch.empty(2, most * heads * capacity * head_dim, dtype=cache.k.dtype, device=device)
         self.replays: dict[tuple[int, int], Replay] = {}
@@ -239,16 +277,29 @@ class DecodeGraphs:
             # Largest first: later graphs then fit in the memory the first one pooled.
             for batch in reversed(self.batch_sizes):
                 for span in reversed(self.spans):
-                    self.replays[batch, span] = capture(partial(self._step, batch, span))
+                    self.replays[batch, span] = capture(self._step, self._shape[:batch, :span])
+        self.pad_slot: int | None = scratch
+        if self.shape_free:
+            # Its replays never pad: the slot goes back as free slots are, zeroed where the
+            # captures' runs wrote.
+            cache.k[:, scratch, :, 0] = 0
+            cache.v[:, scratch, :, 0] = 0
+            cache.free(scratch)
+            self.pad_slot = None
 
     @classmethod
     def for_engine(cls, lm: CosyVoice2LM, cache: KVCache, capture: Capture, max_batch: int) -> "DecodeGraphs":
-        """Batch sizes 1, 2, 4, ... ``max_batch``; spans 128, 256, ... the cache's capacity."""
+        """Batch sizes 1, 2, 4, ... ``max_batch`` and spans 128, 256, ... the cache's
+        capacity; with a shape-free capture, batch sizes 1 and ``max_batch`` and one span."""
+        if capture.shape_free:
+            return cls(lm, cache, capture, sorted({1, max_batch}), (cache.capacity,))
         spans = buckets(cache.capacity, min(_FIRST_SPAN, cache.capacity))
         return cls(lm, cache, capture, buckets(max_batch, 1), spans)
 
-    def _step(self, batch: int, span: int) -> torch.Tensor:
-        """The captured work: (batch, V) float32 log-probs of the buffers' first rows."""
+    def _step(self, shape: torch.Tensor) -> torch.Tensor:
+        """The captured work (:data:`Step`): (B, V) float32 log-probs of the buffers' first
+        B rows, over the first ``span`` keys, for ``shape`` (B, span)."""
+        batch, span = shape.shape
         positions = self._positions[:batch]
         mask = causal_mask(positions, self._keys[:span])  # (B, 1, 1, span)
         _, _, heads, _, head_dim = self.cache.k.shape
@@ -267,19 +318,21 @@ class DecodeGraphs:
         n = len(slots)
         if tokens.shape != (n,):
             raise ValueError(f"tokens {tuple(tokens.shape)} must be ({n},): one per slot")
-        if self.pad_slot in slots:
+        if self.pad_slot is not None and self.pad_slot in slots:
             raise ValueError(f"slot {self.pad_slot} is the padding rows' scratch slot")
         batch = next((b for b in self.batch_sizes if b >= n), None)
         if batch is None:
             raise ValueError(f"a decode batch of {n} exceeds the largest captured, {self.batch_sizes[-1]}")
         step = self.cache.begin(slots, 1, decode=True)  # checks the slots and lengths; (B, 1) positions
         span = next(s for s in self.spans if s >= step.span)
+        rows, keys = (n, step.span) if self.shape_free else (batch, span)
         self._tokens[:n].copy_(tokens)
         self._slots[:n].copy_(step.slot_index)
         self._positions[:n].copy_(step.positions)
-        self._tokens[n:batch].zero_()
-        self._slots[n:batch].fill_(self.pad_slot)
-        self._positions[n:batch].zero_()
-        log_probs = self.replays[batch, span]()[:n].clone()
+        if rows > n:  # padded rows, only where buckets pad (and so keep the scratch slot)
+            self._tokens[n:rows].zero_()
+            self._slots[n:rows].fill_(self._scratch)
+            self._positions[n:rows].zero_()
+        log_probs = self.replays[batch, span](self._shape[:rows, :keys])[:n].clone()
         self.cache.commit(step)
         return log_probs

@@ -71,8 +71,8 @@ class Engine:
         self.lm_cfg = lm.cfg
         if decode_capture is None:
             decode_capture = _default_capture(lm, config)
-        # Captured steps take one slot more: the padded rows' scratch slot.
-        slots = config.max_active + (0 if decode_capture is None else 1)
+        # Steps captured in buckets take one slot more: the padded rows' scratch slot.
+        slots = config.max_active + (0 if decode_capture is None or decode_capture.shape_free else 1)
         cache = KVCache.for_config(
             lm.cfg.qwen, slots, config.max_len, dtype=config.dtype, device=config.device
         )
