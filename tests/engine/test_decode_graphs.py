@@ -10,7 +10,6 @@ bookkeeping. The CUDA test records real CUDA graphs; it runs where a GPU is pres
 import copy
 import logging
 import threading
-from collections.abc import Callable
 
 import pytest
 import torch
@@ -137,15 +136,18 @@ def test_a_trace_runs_once_when_it_is_captured(lm: CosyVoice2LM, monkeypatch: py
     # Its first run builds what the process keeps of it: at start, not amid a burst's tensors.
     runs: list[nn.Module] = []
 
-    def trace(module: nn.Module, *args: object, **kwargs: object) -> Callable[[torch.Tensor], torch.Tensor]:
-        def run(shape: torch.Tensor) -> torch.Tensor:
-            runs.append(module)
-            out: torch.Tensor = module(shape)
+    class Counted(nn.Module):
+        def __init__(self, module: nn.Module) -> None:
+            super().__init__()
+            self.module = module
+
+        def forward(self, shape: torch.Tensor) -> torch.Tensor:
+            runs.append(self.module)
+            out: torch.Tensor = self.module(shape)
             return out
 
-        return run
-
-    monkeypatch.setattr(torch.jit, "trace", trace)
+    monkeypatch.setattr(torch.jit, "trace", lambda module, *args, **kwargs: Counted(module))
+    monkeypatch.setattr(torch.jit, "freeze", lambda module: module)
     cache, _ = _prefilled(lm, 4, 128)
     DecodeGraphs(lm, cache, TraceCapture(lm), batch_sizes=(1, 2), spans=(64, 128))
     assert len(runs) == 4  # one per trace

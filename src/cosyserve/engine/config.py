@@ -44,8 +44,8 @@ class EngineConfig:
     ``traced_decode``: on a CPU, replay decode steps from TorchScript traces made at start,
     which skips the Python between a step's ops (``cosyserve.engine.decode_graphs``). Two
     traces serve every step, one for a lone row and one for larger batches, each over any
-    span: on the full bf16 + int8 model they take 1.6 s and about 40 MiB at start, and a
-    step over 100-150 cached positions took 25 against 31 ms at batch 1 and 44 against 56 ms
+    span: on the full bf16 + int8 model they take 2 s and about 40 MiB at start, and a
+    step over 100-150 cached positions took 23 against 31 ms at batch 1 and 41 against 52 ms
     at batch 8 (docs/benchmarks.md, "Traced decode steps"). Ignored elsewhere; where the
     LM cannot be traced, steps run eagerly.
     ``pretouch_mb``: MiB of memory the engine's thread faults in when it starts and keeps

@@ -126,6 +126,11 @@ class TraceCapture:
                 traced = torch.jit.trace(  # type: ignore[no-untyped-call]  # torch leaves it untyped
                     _StepModule(self.lm, step), (shape,), check_trace=False
                 )
+                # Frozen: the submodules' calls inlined and the weights made constants, so the
+                # interpreter runs one flat graph: 23.0 against 24.0-25.5 ms a batch-1 step
+                # and 40.2-40.6 against 42.9-43.8 ms at batch 8 on the full model, the same
+                # bits (docs/benchmarks.md, "Traced decode steps").
+                traced = torch.jit.freeze(traced.eval())
         except (RuntimeError, TypeError, AttributeError) as exc:
             logger.warning("decode steps run eagerly: the LM could not be traced (%s)", type(exc).__name__)
             self.failed = True
