@@ -1,6 +1,8 @@
-"""``engine_config_for``: the engine's KV cache follows the loaded model's precision, and
-its streaming flow mode the model's device; loading leaves no tensor unloaded."""
+"""``engine_config_for``: the engine's KV cache follows the loaded model's precision, its
+streaming flow mode the model's device, and its decode steps are traced unless the LM is
+compiled; loading leaves no tensor unloaded."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,15 @@ def test_the_flow_cache_default_follows_the_device(tiny_model_dir: Path) -> None
     assert engine_config_for(load_model(tiny_model_dir)).flow_cache == "incremental"
     assert default_flow_cache("cpu") == "incremental"
     assert default_flow_cache("cuda") == default_flow_cache("cuda:1") == "exact"
+
+
+def test_a_compiled_lm_is_not_traced(tiny_model_dir: Path) -> None:
+    model = load_model(tiny_model_dir)
+    assert engine_config_for(model).traced_decode  # the default
+    # As if loaded with compile=True (compiling takes minutes; the slow suite does it).
+    compiled = dataclasses.replace(model, precision=dataclasses.replace(model.precision, compile=True))
+    assert not engine_config_for(compiled).traced_decode
+    assert not engine_config_for(compiled, traced_decode=True).traced_decode
 
 
 def test_the_precision_fields_cannot_be_overridden(tiny_model_dir: Path) -> None:

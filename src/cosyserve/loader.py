@@ -123,8 +123,14 @@ def engine_config_for(
     """Engine options for ``model``: its KV cache in ``model.precision.kv_cache_dtype`` on
     ``model.precision.device``, so a bf16 model gets a bf16 cache; ``flow_cache`` None is
     the device's default (:func:`default_flow_cache`); ``overrides`` set the other
-    :class:`EngineConfig` fields (``max_active``, ...), not dtype and device."""
+    :class:`EngineConfig` fields (``max_active``, ...), not dtype and device.
+
+    A compiled LM's decode steps are not traced (``traced_decode`` is off whatever the
+    overrides say): TorchScript cannot trace the compiled modules, and they already run
+    their ops without Python in between."""
     precision = model.precision
+    if precision.compile:
+        overrides["traced_decode"] = False
     return EngineConfig(
         dtype=precision.kv_cache_dtype,
         device=precision.device,

@@ -47,7 +47,8 @@ class EngineConfig:
     span: on the full bf16 + int8 model they take 2 s and about 40 MiB at start, and a
     step over 100-150 cached positions took 23 against 31 ms at batch 1 and 41 against 52 ms
     at batch 8 (docs/benchmarks.md, "Traced decode steps"). Ignored elsewhere; where the
-    LM cannot be traced, steps run eagerly.
+    LM cannot be traced (a compiled one: ``engine_config_for`` turns this off), steps run
+    eagerly.
     ``pretouch_mb``: MiB of memory the engine's thread faults in when it starts and keeps
     for its tensors (``cosyserve.memory.pretouch``), so that the first burst of streams'
     flow caches finds it resident; the process's RSS starts that much higher. 0: none.
