@@ -191,6 +191,8 @@ def test_refuses_what_no_graph_fits(lm: CosyVoice2LM) -> None:
         DecodeGraphs(lm, cache, EagerCapture(), batch_sizes=(1,), spans=(100, 128))
     with pytest.raises(ValueError, match="ascending"):
         DecodeGraphs(lm, cache, EagerCapture(), batch_sizes=(2, 1), spans=(128,))
+    with pytest.raises(ValueError, match="a lone row"):
+        DecodeGraphs(lm, cache, EagerCapture(shape_free=True), batch_sizes=(2,), spans=(128,))
 
 
 def test_buckets_double_up_to_the_limit() -> None:

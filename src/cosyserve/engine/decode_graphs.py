@@ -6,7 +6,7 @@ Python, a GPU spends most of the step waiting for the launches. A CUDA graph rec
 the launches of one step once and replays them with one call. On a CPU the same step
 spends about a quarter of its time in Python and dispatch between its ops; a TorchScript
 trace records the ops once and replays them in TorchScript's interpreter (a batch-1 int8
-step of the full model in the engine, 2 cores of an AMX Xeon: 28 against 34 ms;
+step of the full model, 2 cores of an AMX Xeon: 23 against 31 ms;
 ``EngineConfig.traced_decode`` says what it costs). Both work on static buffers:
 
 - the host fills the buffers with the step's tokens, slots and positions, replays the
