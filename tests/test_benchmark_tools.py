@@ -1,6 +1,6 @@
 """The measuring helpers of ``benchmarks/roofline.py`` and ``benchmarks/op_profile.py``, and
-that ``benchmarks/flow_weights.py``, ``benchmarks/engine_ab.py`` and
-``benchmarks/load_memory.py`` run."""
+that ``benchmarks/flow_weights.py``, ``benchmarks/engine_ab.py``,
+``benchmarks/load_memory.py`` and ``benchmarks/traced_decode.py`` run."""
 
 import importlib
 import json
@@ -128,6 +128,16 @@ def test_load_memory_reports_each_setting_and_new_text_reads_no_disk(
         assert result["mib"]["VmHWM"] >= result["mib"]["VmRSS"] > 0
         # Dropped from the page cache first, the embedding was read back at load.
         assert result["lookup_major_faults"] == 0
+
+
+def test_traced_decode_replays_the_eager_steps(tiny_model_dir: Path, tmp_path: Path) -> None:
+    args = ("--dtype", "fp32", "--quantize", "int8", "--max-active", "8", "--rounds", "4")
+    report = _run_script("traced_decode.py", tiny_model_dir, tmp_path, *args)
+    assert report["traces"] == 2 and report["capture_s"] > 0
+    assert report["rss_after_capture_mib"] > 0
+    for batch in ("batch_1", "batch_8"):
+        assert report[batch]["eager_ms"] > 0 and report[batch]["traced_ms"] > 0
+        assert report[batch]["max_log_prob_difference"] == 0.0
 
 
 def _run_script(name: str, model_dir: Path, tmp_path: Path, *args: str) -> Any:

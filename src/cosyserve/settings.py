@@ -109,7 +109,7 @@ class Settings(BaseSettings):
     traced_decode: bool = Field(
         True,
         description="On a CPU, replay LM decode steps from two TorchScript traces made at start: "
-        "about 25 % faster steps, for 2 s of start-up and about 40 MiB (full model); ignored on CUDA "
+        "about 23 % faster steps, for 2 s of start-up and about 150 MiB (full model); ignored on CUDA "
         "and with compile.",
     )
     pretouch_mb: int = Field(

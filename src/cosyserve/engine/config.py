@@ -44,11 +44,12 @@ class EngineConfig:
     ``traced_decode``: on a CPU, replay decode steps from TorchScript traces made at start,
     which skips the Python between a step's ops (``cosyserve.engine.decode_graphs``). Two
     traces serve every step, one for a lone row and one for larger batches, each over any
-    span: on the full bf16 + int8 model they take 2 s and about 40 MiB at start, and a
-    step over 100-150 cached positions took 23 against 31 ms at batch 1 and 41 against 52 ms
-    at batch 8 (docs/benchmarks.md, "Traced decode steps"). Ignored elsewhere; where the
-    LM cannot be traced (a compiled one: ``engine_config_for`` turns this off), steps run
-    eagerly.
+    span: on the full bf16 + int8 model they take about 2 s and 150 MiB at start (each a
+    TorchScript graph and its execution plan), and a step over 100-149 cached positions
+    took 24 against 32 ms at batch 1 and 43 against 56 ms at batch 8
+    (``benchmarks/traced_decode.py``, docs/benchmarks.md, "Traced decode steps"). Ignored
+    elsewhere; where the LM cannot be traced (a compiled one: ``engine_config_for`` turns
+    this off), steps run eagerly.
     ``pretouch_mb``: MiB of memory the engine's thread faults in when it starts and keeps
     for its tensors (``cosyserve.memory.pretouch``), so that the first burst of streams'
     flow caches finds it resident; the process's RSS starts that much higher. 0: none.

@@ -278,11 +278,16 @@ class DecodeGraphs:
         _, _, heads, capacity, head_dim = cache.k.shape
         self._history = torch.empty(2, most * heads * capacity * head_dim, dtype=cache.k.dtype, device=device)
         self.replays: dict[tuple[int, int], Replay] = {}
+        # The fewest rows each batch bucket serves: 1, then one more than the bucket below.
+        fewest = dict(zip(self.batch_sizes, (1, *(b + 1 for b in self.batch_sizes[:-1])), strict=True))
         with torch.inference_mode():
             # Largest first: later graphs then fit in the memory the first one pooled.
             for batch in reversed(self.batch_sizes):
                 for span in reversed(self.spans):
-                    self.replays[batch, span] = capture(self._step, self._shape[:batch, :span])
+                    # A shape-free capture replays any shape, so it is made at the smallest
+                    # its bucket serves, and its run at capture touches little memory.
+                    rows, keys = (fewest[batch], KEY_BLOCK) if self.shape_free else (batch, span)
+                    self.replays[batch, span] = capture(self._step, self._shape[:rows, :keys])
         self.pad_slot: int | None = scratch
         if self.shape_free:
             # Its replays never pad: the slot goes back as free slots are, zeroed where the

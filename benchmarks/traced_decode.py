@@ -1,0 +1,107 @@
+"""Decode steps replayed from the engine's TorchScript traces against eager steps, on a
+full-size model: what tracing costs at start and what it saves per step.
+
+    python benchmarks/traced_decode.py --model-dir /tmp/cv2-full-bench [--dtype bf16]
+        [--quantize int8] [--max-active 16] [--rounds 15] [--json out.json]
+
+The LM is loaded as the server loads it, with a KV cache as the engine's (``--max-active``
+slots of 2048 positions). The script times the capture of the engine's traces
+(``DecodeGraphs.for_engine`` with ``TraceCapture``: one trace for a lone row, one for
+larger batches) and reads the process's resident memory before and after it. With 8
+prompts of 100 to 149 positions prefilled after that, a decode step at batch 1 and at
+batch 8, eager and replayed, take turns for ``--rounds`` rounds, each step undone after
+it; the first 3 rounds are not counted, and the median milliseconds are printed with the
+largest log-prob difference between the two (0.0 where the replay gives the eager step's
+bits). Everything runs on a thread of its own with the process's torch threads, as the
+engine does.
+"""
+
+import json
+import statistics
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from bench_args import model_parser  # benchmarks/ is on the path when run as a script
+
+from cosyserve.engine.decode_graphs import DecodeGraphs, TraceCapture
+from cosyserve.loader import LoadedModel, load_model
+from cosyserve.models.kv_cache import KVCache
+from cosyserve.parallelism import call_on_own_thread, hand_over_threads
+
+MAX_LEN = 2048
+PROMPTS = 8
+WARM_UP = 3
+
+
+def main() -> None:
+    parser = model_parser(__doc__)
+    parser.add_argument("--max-active", type=int, default=16, help="the engine's max_active")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    threads = hand_over_threads()
+    model = load_model(args.model_dir, dtype=args.dtype, quantize=args.quantize, threads=threads)
+    run = partial(measure, model, args.max_active, args.rounds)
+    report = call_on_own_thread(run, threads=threads, name="bench")
+    report["precision"] = model.precision.describe()
+    print(json.dumps(report, indent=2))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+@torch.inference_mode()
+def measure(model: LoadedModel, max_active: int, rounds: int) -> dict[str, Any]:
+    lm = model.lm
+    cache = KVCache.for_config(lm.cfg.qwen, max_active, MAX_LEN, model.precision.kv_cache_dtype)
+    # Captured first, as the engine does at start: the capture borrows a free slot.
+    before = _rss_mib()
+    start = time.perf_counter()
+    graphs = DecodeGraphs.for_engine(lm, cache, TraceCapture(lm), max_active)
+    report: dict[str, Any] = {
+        "capture_s": time.perf_counter() - start,
+        "traces": len(graphs.replays),
+        "rss_before_capture_mib": before,
+        "rss_after_capture_mib": _rss_mib(),
+    }
+    gen = torch.Generator().manual_seed(0)
+    slots = []
+    for i in range(PROMPTS):
+        slots.append(cache.allocate())
+        ids = torch.randint(0, lm.cfg.speech_token_size, (100 + 7 * i,), generator=gen)
+        lm.prefill(lm.speech_embedding(ids), slots[-1], cache)
+    for batch in (1, PROMPTS):
+        active = slots[:batch]
+        tokens = torch.randint(0, lm.cfg.speech_token_size, (batch,), generator=gen)
+        steps = {
+            "eager": partial(lm.decode, tokens, active, cache),
+            "traced": partial(graphs.decode, tokens, active),
+        }
+        times: dict[str, list[float]] = {name: [] for name in steps}
+        outputs: dict[str, torch.Tensor] = {}
+        for repeat in range(rounds):
+            for name, step in steps.items():
+                begin = time.perf_counter()
+                outputs[name] = step()
+                if repeat >= WARM_UP:
+                    times[name].append((time.perf_counter() - begin) * 1e3)
+                for slot in active:  # undo the step: every round decodes the same position
+                    cache.truncate(slot, cache.length(slot) - 1)
+        report[f"batch_{batch}"] = {
+            **{f"{name}_ms": statistics.median(t) for name, t in times.items()},
+            "max_log_prob_difference": (outputs["eager"] - outputs["traced"]).abs().max().item(),
+        }
+    report["rss_at_end_mib"] = _rss_mib()
+    return report
+
+
+def _rss_mib() -> float:
+    """Resident memory of this process in MiB (``/proc/self/statm``)."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * 4096 / 2**20
+
+
+if __name__ == "__main__":
+    main()
