@@ -19,13 +19,12 @@ whole and in chunks of 40, 1 and 47; each prints the largest log-prob difference
 """
 
 import json
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from bench_args import model_parser  # benchmarks/ is on the path when run as a script
+from interleave import interleaved
 
 import cosyserve.models.qwen2 as qwen2
 from cosyserve.loader import load_model
@@ -36,25 +35,22 @@ KERNELS = {"torch": False, "span": True}
 ENGINE_CHOICE = qwen2.runs_span_attention
 
 
-def forced(span: bool) -> Callable[..., bool]:
-    return lambda device, step: span
+def forced(span: bool, run: Callable[[], object]) -> Callable[[], object]:
+    """``run`` with the LM's attention kernel forced: ``span_attention`` or torch's."""
+
+    def call() -> object:
+        qwen2.runs_span_attention = lambda device, step: span
+        return run()
+
+    return call
 
 
-def interleaved(
+def kernel_times(
     run: Callable[[], object], undo: Callable[[], None], rounds: int, warm_up: int
 ) -> dict[str, float]:
-    """Median ms of ``run()`` per kernel, the kernels taking turns for ``rounds`` rounds of
-    which the first ``warm_up`` are not counted; ``undo()`` after each call."""
-    times: dict[str, list[float]] = {name: [] for name in KERNELS}
-    for repeat in range(rounds):
-        for name, span in KERNELS.items():
-            qwen2.runs_span_attention = forced(span)
-            start = time.perf_counter()
-            run()
-            if repeat >= warm_up:
-                times[name].append((time.perf_counter() - start) * 1e3)
-            undo()
-    return {name: statistics.median(t) for name, t in times.items()}
+    """Median ms of ``run()`` per kernel, interleaved (:func:`interleave.interleaved`)."""
+    variants = {name: forced(span, run) for name, span in KERNELS.items()}
+    return interleaved(variants, undo, rounds, warm_up)[0]
 
 
 def decode_times(lm: CosyVoice2LM, cache: KVCache, batch: int, repeats: int) -> dict[str, float]:
@@ -67,7 +63,7 @@ def decode_times(lm: CosyVoice2LM, cache: KVCache, batch: int, repeats: int) -> 
         for slot, length in zip(slots, lengths, strict=True):
             cache.truncate(slot, length)
 
-    return interleaved(lambda: lm.decode(tokens, slots, cache), undo, repeats + 2, warm_up=2)
+    return kernel_times(lambda: lm.decode(tokens, slots, cache), undo, repeats + 2, warm_up=2)
 
 
 def prefill_times(lm: CosyVoice2LM, cache: KVCache, start: int, n: int, repeats: int) -> dict[str, float]:
@@ -77,7 +73,7 @@ def prefill_times(lm: CosyVoice2LM, cache: KVCache, start: int, n: int, repeats:
     cache.truncate(slot, 0)
     if start:
         lm.prefill(embeddings[:start], slot, cache)
-    return interleaved(
+    return kernel_times(
         lambda: lm.prefill(embeddings[start:], slot, cache),
         lambda: cache.truncate(slot, start),
         max(3, repeats // 3) + 1,

@@ -17,7 +17,6 @@ engine does.
 """
 
 import json
-import statistics
 import time
 from functools import partial
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import torch
 from bench_args import model_parser  # benchmarks/ is on the path when run as a script
+from interleave import interleaved
 
 from cosyserve.engine.decode_graphs import DecodeGraphs, TraceCapture
 from cosyserve.loader import LoadedModel, load_model
@@ -79,22 +79,19 @@ def measure(model: LoadedModel, max_active: int, rounds: int) -> dict[str, Any]:
             "eager": partial(lm.decode, tokens, active, cache),
             "traced": partial(graphs.decode, tokens, active),
         }
-        times: dict[str, list[float]] = {name: [] for name in steps}
-        outputs: dict[str, torch.Tensor] = {}
-        for repeat in range(rounds):
-            for name, step in steps.items():
-                begin = time.perf_counter()
-                outputs[name] = step()
-                if repeat >= WARM_UP:
-                    times[name].append((time.perf_counter() - begin) * 1e3)
-                for slot in active:  # undo the step: every round decodes the same position
-                    cache.truncate(slot, cache.length(slot) - 1)
+        medians, outputs = interleaved(steps, partial(_undo_step, cache, active), rounds, WARM_UP)
         report[f"batch_{batch}"] = {
-            **{f"{name}_ms": statistics.median(t) for name, t in times.items()},
+            **{f"{name}_ms": ms for name, ms in medians.items()},
             "max_log_prob_difference": (outputs["eager"] - outputs["traced"]).abs().max().item(),
         }
     report["rss_at_end_mib"] = _rss_mib()
     return report
+
+
+def _undo_step(cache: KVCache, slots: list[int]) -> None:
+    """Drop the position a decode step added to ``slots``: every round decodes the same one."""
+    for slot in slots:
+        cache.truncate(slot, cache.length(slot) - 1)
 
 
 def _rss_mib() -> float:

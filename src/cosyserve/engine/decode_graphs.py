@@ -288,14 +288,17 @@ class DecodeGraphs:
                     # its bucket serves, and its run at capture touches little memory.
                     rows, keys = (fewest[batch], KEY_BLOCK) if self.shape_free else (batch, span)
                     self.replays[batch, span] = capture(self._step, self._shape[:rows, :keys])
-        self.pad_slot: int | None = scratch
         if self.shape_free:
             # Its replays never pad: the slot goes back as free slots are, zeroed where the
             # captures' runs wrote.
             cache.k[:, scratch, :, 0] = 0
             cache.v[:, scratch, :, 0] = 0
             cache.free(scratch)
-            self.pad_slot = None
+
+    @property
+    def pad_slot(self) -> int | None:
+        """The cache slot kept for padded rows; None for shape-free replays, which keep none."""
+        return None if self.shape_free else self._scratch
 
     @classmethod
     def for_engine(cls, lm: CosyVoice2LM, cache: KVCache, capture: Capture, max_batch: int) -> "DecodeGraphs":
