@@ -43,6 +43,7 @@ from torch import nn
 
 from cosyserve.models.kv_cache import KVCache, causal_mask
 from cosyserve.models.lm import CosyVoice2LM
+from cosyserve.models.quantize import Int8DynamicLinear
 from cosyserve.models.span_attention import KEY_BLOCK, padded_span
 
 # A step's work for the shape of its argument: a (B, span) view whose sizes are the step's
@@ -86,7 +87,9 @@ class _StepModule(nn.Module):
         self.lm = lm
         self.step = step
 
-    def forward(self, shape: torch.Tensor) -> torch.Tensor:
+    def forward(self, shape: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+        """``weights``: the step's oneDNN weights, unused here: the tracer records the
+        tensors it is given as inputs, and cannot hold these as constants."""
         return self.step(shape)
 
 
@@ -106,6 +109,11 @@ class TraceCapture:
     def __init__(self, lm: CosyVoice2LM) -> None:
         self.lm = lm
         self.failed = False
+        self._weights = tuple(
+            module.onednn.packed
+            for module in lm.modules()
+            if isinstance(module, Int8DynamicLinear) and module.onednn is not None
+        )
 
     def __call__(self, step: Step, shape: torch.Tensor) -> Replay:
         if self.failed:
@@ -124,7 +132,7 @@ class TraceCapture:
                     category=torch.jit.TracerWarning,  # type: ignore[attr-defined]  # not re-exported
                 )
                 traced = torch.jit.trace(  # type: ignore[no-untyped-call]  # torch leaves it untyped
-                    _StepModule(self.lm, step), (shape,), check_trace=False
+                    _StepModule(self.lm, step), (shape, *self._weights), check_trace=False
                 )
                 # Frozen: the submodules' calls inlined and the weights made constants, so the
                 # interpreter runs one flat graph: 23.0 against 24.0-25.5 ms a batch-1 step
@@ -140,7 +148,7 @@ class TraceCapture:
             # The plain interpreter: the optimizing one profiles a graph's first two runs
             # (290-380 ms each for a full-model step, against 76 ms) for no faster steps.
             with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]  # not re-exported
-                out: torch.Tensor = traced(shape)
+                out: torch.Tensor = traced(shape, *self._weights)
             return out
 
         # A trace's first run builds its execution plan (about 30 MiB for the full model),

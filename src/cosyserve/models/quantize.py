@@ -39,6 +39,7 @@ from torch import nn
 
 from cosyserve.memory import PageReleaser
 from cosyserve.models.lm import CosyVoice2LM
+from cosyserve.models.onednn_int8 import OneDnnInt8Weight, OneDnnPacker
 from cosyserve.models.precision import Precision, PrecisionError, Quantization, require_torchao
 from cosyserve.models.qwen2 import DecoderLayer
 
@@ -67,12 +68,13 @@ def quantize_lm_(lm: CosyVoice2LM, precision: Precision) -> None:
     if mode is Quantization.INT8 and quantize_dynamic is None:
         logger.warning("torch.ao quantize_dynamic is unavailable; int8 uses weight-only int8 instead")
     release = PageReleaser()
+    onednn = OneDnnPacker.create() if quantize_dynamic is not None else None
     for layer in layers:
         weights = [module.weight for module in layer.modules() if isinstance(module, nn.Linear)]
         if quantize_dynamic is None:
             int8_weight_only_(layer)
         else:
-            int8_dynamic_([layer], quantize_dynamic)
+            int8_dynamic_([layer], quantize_dynamic, onednn)
         # Read once to quantize them: their pages of llm.pt need not stay resident.
         release(weights)
 
@@ -87,10 +89,12 @@ def ao_quantize_dynamic() -> QuantizeDynamic | None:
     return function
 
 
-def int8_dynamic_(layers: Iterable[nn.Module], quantize_dynamic: QuantizeDynamic) -> None:
+def int8_dynamic_(
+    layers: Iterable[nn.Module], quantize_dynamic: QuantizeDynamic, onednn: OneDnnPacker | None = None
+) -> None:
     """Swap every ``nn.Linear`` of the decoder ``layers`` for torch's dynamic int8 Linear:
     weights int8 per output channel (symmetric), activations quantized per call and row
-    (:class:`Int8DynamicLinear`).
+    (:class:`Int8DynamicLinear`); with ``onednn``, packed for oneDNN too.
 
     Each layer's q/k/v and gate/up projections are stacked into one Linear first
     (``fuse_projections_``): a decode step then makes 4 int8 calls per layer instead of 7
@@ -112,7 +116,10 @@ def int8_dynamic_(layers: Iterable[nn.Module], quantize_dynamic: QuantizeDynamic
                 layer.mlp.fuse_projections_()
             quantize_dynamic(layer, {nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
             for (parent, name), module in list(_children(layer, _ao_dynamic_linear_type())):
-                setattr(parent, name, Int8DynamicLinear.from_ao(module))
+                int8 = Int8DynamicLinear.from_ao(module)
+                if onednn is not None:
+                    int8.onednn = onednn.pack(int8.packed)
+                setattr(parent, name, int8)
 
 
 class Int8DynamicLinear(nn.Module):
@@ -148,6 +155,8 @@ class Int8DynamicLinear(nn.Module):
         if in_features < 2:
             raise ValueError("an int8 dynamic Linear needs at least 2 input features")
         self.packed = packed
+        # The same weights for oneDNN, for calls of several rows (set by int8_dynamic_).
+        self.onednn: OneDnnInt8Weight | None = None
         self.in_features = in_features
         self.out_features = out_features
         self.register_buffer("bias", bias, persistent=False)
@@ -171,17 +180,22 @@ class Int8DynamicLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: (..., in) float32 -> (..., out) float32; quantized to 7 bits as ``torch.ao``
-        does on x86 (``reduce_range``), each row on its own scale."""
+        does on x86 (``reduce_range``), each row on its own scale. Calls of several rows go
+        to oneDNN where :attr:`onednn` is set (:mod:`cosyserve.models.onednn_int8`)."""
         rows = x.reshape(-1, self.in_features)  # (M, in)
         # Each row's largest magnitude (a zero row stays zero); dividing by it gives exactly
         # +-1 where it is reached and no magnitude above 1 elsewhere. abs().amax() is the
         # inf-norm, exactly, and 3-12x faster than linalg.vector_norm's reduction here (88
         # prefill rows of 4864: 47 against 588 us), which took 14 % of a prefill.
         scale = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)
-        scaled = torch.cat([rows / scale, self.ends])  # (M + 1, in): the op's range is [-1, 1]
-        # The overload itself: the op packet's call first looks for script objects in the
-        # arguments in Python, about 1 % of a batch-1 decode step.
-        y = torch.ops.quantized.linear_dynamic.default(scaled, self.packed, True)[:-1]  # (M, out)
+        onednn = self.onednn
+        if onednn is not None and rows.shape[0] >= onednn.min_rows:
+            y = onednn(rows / scale)  # the same bits as fbgemm's below
+        else:
+            scaled = torch.cat([rows / scale, self.ends])  # (M + 1, in): the op's range is [-1, 1]
+            # The overload itself: the op packet's call first looks for script objects in
+            # the arguments in Python, about 1 % of a batch-1 decode step.
+            y = torch.ops.quantized.linear_dynamic.default(scaled, self.packed, True)[:-1]  # (M, out)
         out = y * scale if self.bias is None else torch.addcmul(self.bias, y, scale)
         return out.view(*x.shape[:-1], self.out_features)
 
