@@ -204,6 +204,7 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         pretouch_mb=args.pretouch_mb,
         flow_prompt_whole=args.flow_prompt_whole,
         traced_decode=args.traced_decode,
+        traced_flow=args.traced_flow,
     )
     engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config), threads=threads)
     engine.start()
@@ -261,6 +262,7 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         "pretouch_mb": config.pretouch_mb,
         "flow_prompt_whole": config.flow_prompt_whole,
         "traced_decode": config.traced_decode,
+        "traced_flow": config.traced_flow,
     }
     report |= {"flow_cache_refusals": engine.engine.stats.flow_cache_refusals, "torch_threads": threads}
     # Where each burst's time went: engine seconds per stage and batch sizes.
@@ -402,6 +404,7 @@ def _run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
     if args.flow_prompt_whole:
         command.append("--flow-prompt-whole")
     command.append("--traced-decode" if args.traced_decode else "--no-traced-decode")
+    command.append("--traced-flow" if args.traced_flow else "--no-traced-flow")
     command += ["--dtype", args.dtype, "--quantize", args.quantize, "--flow-quantize", args.flow_quantize]
     if not args.warm_up:
         command.append("--no-warm-up")
@@ -490,6 +493,13 @@ def main() -> None:
         default=True,
         help="ours only: EngineConfig.traced_decode (CPU decode steps replayed from TorchScript traces; "
         "default on)",
+    )
+    parser.add_argument(
+        "--traced-flow",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ours only: EngineConfig.traced_flow (CPU streaming flow steps replayed from TorchScript "
+        "traces; default on)",
     )
     parser.add_argument(
         "--dtype",

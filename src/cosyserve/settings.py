@@ -112,6 +112,12 @@ class Settings(BaseSettings):
         "about 23 % faster steps, for 2 s of start-up and about 150 MiB (full model); ignored on CUDA "
         "and with compile.",
     )
+    traced_flow: bool = Field(
+        True,
+        description="On a CPU, replay the flow estimator's streaming steps from TorchScript traces made "
+        "at start: about 20 % faster streaming flow, for about 6 s of start-up (full model); ignored "
+        "on CUDA and with flow_cache exact.",
+    )
     pretouch_mb: int = Field(
         0,
         ge=0,

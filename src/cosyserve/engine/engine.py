@@ -95,6 +95,12 @@ class Engine:
                 decode_graphs = capture()
             logger.info("captured %d decode steps for replay", len(decode_graphs.replays))
         self.lm_runner = LMRunner(lm, cache, self.stats, prefix_cache, decode_graphs)
+        cpu = torch.device(config.device).type == "cpu"
+        if config.traced_flow and cpu and config.flow_cache != "exact":
+            # On a thread that then exits, as the decode traces above.
+            threads = torch.get_num_threads()
+            traced = call_on_own_thread(flow.trace_steps_, threads=threads, name="cosyserve-trace")
+            logger.info("streaming flow steps %s", "traced for replay" if traced else "run eagerly")
         prompt_cache = None
         if config.flow_prompt_cache_mb > 0 and config.flow_cache != "exact":
             prompt_cache = FlowPromptCache(flow, config.flow_prompt_cache_mb << 20, config.flow_prompt_whole)

@@ -19,7 +19,10 @@ flow chunk took 0.41 s against 0.46 s and a non-streaming flow (3 s prompt, 6 s 
 ``docs/benchmarks.md``, "Packed bf16 weights").
 """
 
+import functools
 import logging
+import warnings
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -50,11 +53,32 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: (..., in) bfloat16 -> (..., out) bfloat16."""
+        if torch.jit.is_tracing():  # type: ignore[attr-defined,no-untyped-call]  # not re-exported, untyped
+            return _scripted_linear()(x, self.packed, self.bias)
         y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return y
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bf16 packed for oneDNN"
+
+
+# The op call as TorchScript source, for traces (flow/traced_steps.py): a tracer cannot
+# record the op's empty Scalar?[] argument, which Python annotations cannot name.
+_LINEAR_SOURCE = """
+def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    no_scalars: List[Optional[number]] = []
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", no_scalars, "")
+"""
+
+
+@functools.cache
+def _scripted_linear() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]:
+    with warnings.catch_warnings():
+        # torch marks TorchScript deprecated; see DecodeGraphs' TraceCapture.
+        warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit.*")
+        unit = torch.jit.CompilationUnit(_LINEAR_SOURCE)
+    linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] = unit.linear
+    return linear
 
 
 def packing_available() -> bool:

@@ -114,6 +114,7 @@ class ServerRuntime:
                 flow_stream_cache_mb=settings.flow_stream_cache_mb,
                 cuda_graphs=settings.cuda_graphs,
                 traced_decode=settings.traced_decode,
+                traced_flow=settings.traced_flow,
                 pretouch_mb=settings.pretouch_mb,
             )
             # Off the event loop: the engine captures its decode steps as it is made.

@@ -17,6 +17,7 @@ from cosyserve.errors import InvalidRequestError
 from cosyserve.modeldir.hparams import CFMConfig
 from cosyserve.models.flow.estimator import Estimator
 from cosyserve.models.flow.stream_cache import LayerStates
+from cosyserve.models.flow.traced_steps import TracedSteps
 
 # 300 s at 50 frames/s, prompt included: upstream's noise length, hence the longest output.
 MAX_FRAMES = 50 * 300
@@ -39,6 +40,8 @@ class CFM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.estimator = estimator
+        # Replays incremental streaming calls of the estimator (set by Flow.trace_steps_).
+        self.traced_steps: TracedSteps | None = None
         # Not persistent: flow.pt does not carry it; it moves with .to(device/dtype).
         self.register_buffer("noise", fixed_noise(channels), persistent=False)
 
@@ -95,10 +98,13 @@ class CFM(nn.Module):
         # the same recurrence keeps the float rounding of t identical.
         t, dt = t_span[0], t_span[1] - t_span[0]
         for step in range(1, len(t_span)):
-            step_states = None if states is None else states[step - 1]
-            velocity = self.estimator(
-                torch.cat([x, x]), mask2, mu2, t.expand(2 * batch), spks2, cond2, bias, step_states
-            )
+            x2, t2 = torch.cat([x, x]), t.expand(2 * batch)
+            if states is None:
+                velocity = self.estimator(x2, mask2, mu2, t2, spks2, cond2, bias)
+            elif self.traced_steps is None:
+                velocity = self.estimator(x2, mask2, mu2, t2, spks2, cond2, bias, states[step - 1])
+            else:
+                velocity = self.traced_steps(x2, mask2, mu2, t2, spks2, cond2, bias, states[step - 1])
             v_cond, v_uncond = velocity.split(batch)
             x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
             t = t + dt

@@ -16,6 +16,7 @@ from cosyserve.models.flow.encoder import UpsampleConformerEncoder
 from cosyserve.models.flow.estimator import Estimator
 from cosyserve.models.flow.stream_cache import FlowStreamCache
 from cosyserve.models.flow.table import flow_checkpoint_table
+from cosyserve.models.flow.traced_steps import TracedSteps
 
 # The model-directory tools take the module and its checkpoint table from here.
 __all__ = ["Flow", "check_flow_config", "flow_checkpoint_table"]
@@ -80,6 +81,17 @@ class Flow(nn.Module):
         for module in self.modules():
             if isinstance(module, SelfAttention):
                 module.fuse_projections_()
+
+    def trace_steps_(self) -> bool:
+        """Replay the estimator's incremental streaming calls from TorchScript traces
+        (:mod:`cosyserve.models.flow.traced_steps`), recorded now unless they were already;
+        False where the estimator cannot be traced (the calls then run eagerly)."""
+        if self.cfm.traced_steps is None:
+            steps = TracedSteps(self.cfm.estimator)
+            if not steps.capture(self.speaker_proj.weight.dtype):
+                return False
+            self.cfm.traced_steps = steps
+        return True
 
     @torch.inference_mode()
     def inference(

@@ -35,8 +35,25 @@ class StackedStates(LayerStates):
         parts = [row.attend_parts(layer, self._row(k, b), self._row(v, b)) for b, row in enumerate(self.rows)]
         return self._stack_parts([p[0] for p in parts]), self._stack_parts([p[1] for p in parts])
 
+    def store(self, layer: nn.Module, k: Tensor, v: Tensor) -> None:
+        for b, row in enumerate(self.rows):
+            row.store(layer, self._row(k, b), self._row(v, b))
+
+    def cached(self, layer: nn.Module) -> tuple[list[Tensor], list[Tensor]]:
+        keys, values = zip(*(row.cached(layer) for row in self.rows), strict=True)
+        if not keys[0]:  # the first pass: nothing cached
+            return [], []
+        return [self._stack_parts(list(keys))], [self._stack_parts(list(values))]
+
     def left_pad(self, conv: nn.Module, x: Tensor, width: int) -> Tensor:
         return self._stack([row.left_pad(conv, self._row(x, b), width) for b, row in enumerate(self.rows)])
+
+    def context(self, conv: nn.Module, batch: int, channels: int, width: int, like: Tensor) -> Tensor:
+        return self._stack([row.context(conv, self.groups, channels, width, like) for row in self.rows])
+
+    def store_context(self, conv: nn.Module, padded: Tensor, width: int) -> None:
+        for b, row in enumerate(self.rows):
+            row.store_context(conv, self._row(padded, b), width)
 
     def _row(self, t: Tensor, b: int) -> Tensor:
         """Row ``b``'s part ``(groups, ...)`` of a batch tensor ``(groups * B, ...)``."""

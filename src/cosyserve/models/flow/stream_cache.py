@@ -74,29 +74,52 @@ class LayerStates:
         """:meth:`attend`'s keys and values as the pieces they are held in, in position
         order (the shared positions, then the own ones), for a caller that copies them
         into a batch anyway."""
+        self.store(layer, k, v)
+        end = self.length + k.shape[2] - self.shared  # in the own buffers
+        return (
+            self._pieces(self._shared_keys, self._keys, layer, end),
+            self._pieces(self._shared_values, self._values, layer, end),
+        )
+
+    def store(self, layer: nn.Module, k: Tensor, v: Tensor) -> None:
+        """Write ``layer``'s new keys and values ``(B, H, n, d)`` after the cached positions."""
         end = self.length + k.shape[2] - self.shared  # in the own buffers
         start = self.length - self.shared
         keys = self._grown(self._keys, layer, k, end)
         values = self._grown(self._values, layer, v, end)
         keys[:, :, start:end] = k
         values[:, :, start:end] = v
+
+    def cached(self, layer: nn.Module) -> tuple[list[Tensor], list[Tensor]]:
+        """``layer``'s keys and values of the cached positions, as the pieces they are held
+        in (none before the first pass)."""
+        own = self.length - self.shared
         return (
-            self._pieces(self._shared_keys, self._keys, layer, end),
-            self._pieces(self._shared_values, self._values, layer, end),
+            self._pieces(self._shared_keys, self._keys, layer, own),
+            self._pieces(self._shared_values, self._values, layer, own),
         )
 
     def left_pad(self, conv: nn.Module, x: Tensor, width: int) -> Tensor:
         """``x`` ``(B, C, n)`` (the new positions) with the ``width`` cached positions
         before it prepended (zeros at the start of the stream): ``(B, C, width + n)``."""
+        padded = torch.cat([self.context(conv, x.shape[0], x.shape[1], width, x), x], dim=2)
+        self.store_context(conv, padded, width)
+        return padded
+
+    def context(self, conv: nn.Module, batch: int, channels: int, width: int, like: Tensor) -> Tensor:
+        """The ``width`` cached input positions of ``conv`` (``(batch, channels, width)``,
+        zeros in ``like``'s dtype and device at the start of the stream)."""
         context = self._context.get(conv)
         if context is None:
             if self.length:
                 raise RuntimeError("a causal convolution lost its cached context")
-            context = x.new_zeros(x.shape[0], x.shape[1], width)
-        padded = torch.cat([context, x], dim=2)
-        # The context for the next pass: the ``width`` positions before the new ``length``.
+            context = like.new_zeros(batch, channels, width)
+        return context
+
+    def store_context(self, conv: nn.Module, padded: Tensor, width: int) -> None:
+        """Keep, from this pass's left-padded input ``(B, C, width + n)``, the context for
+        the next pass: the ``width`` positions before the new ``length``."""
         self._next_context[conv] = padded[:, :, self.keep : self.keep + width].clone()
-        return padded
 
     def fork(self) -> "LayerStates":
         """Independent states continuing from these, sharing their cached positions without
@@ -107,10 +130,9 @@ class LayerStates:
             raise RuntimeError("cannot fork states in the middle of a pass")
         fork = LayerStates(self.capacity)
         fork.length = fork.shared = self.length
-        own = self.length - self.shared
         for layer in dict.fromkeys([*self._shared_keys, *self._keys]):
-            fork._shared_keys[layer] = _joined(self._pieces(self._shared_keys, self._keys, layer, own))
-            fork._shared_values[layer] = _joined(self._pieces(self._shared_values, self._values, layer, own))
+            keys, values = self.cached(layer)
+            fork._shared_keys[layer], fork._shared_values[layer] = _joined(keys), _joined(values)
         fork._context = dict(self._context)
         return fork
 

@@ -1,0 +1,226 @@
+"""The estimator's incremental streaming calls replayed from TorchScript traces (CPU).
+
+A stream's first chunk runs 10 Euler steps of the estimator over about 10 new frames: some
+8,000 small op calls each, whose Python and dispatch cost more than their arithmetic. A
+trace replays the same ops without the Python between them.
+
+A trace cannot read the per-stream caches (:class:`LayerStates`, keyed by module), so
+its state passes through its inputs and outputs, in the order the layers run: each
+attention layer gets its cached keys and values as two pieces each (those shared with a
+voice's primed prompt and the stream's own, either possibly empty) and returns its new
+keys and values; each causal convolution gets its cached left context and returns its
+left-padded input. The caller reads the caches before the call and writes them after it,
+as the eager layers do during theirs. The estimator's packed bf16 weights are inputs too:
+a trace cannot hold oneDNN's opaque tensors as constants.
+
+The sizes of a trace's ops follow its inputs, so one trace serves every batch, chunk and
+cached length; the branches its example took stay fixed, so there is one per branch:
+with or without an attention bias, and convolutions as matrix products or not
+(:data:`~cosyserve.models.flow.blocks.GEMM_CONV_ROWS`).
+"""
+
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from cosyserve.models.flow.blocks import GEMM_CONV_ROWS, SelfAttention
+from cosyserve.models.flow.estimator import Estimator
+from cosyserve.models.flow.stream_cache import LayerStates
+from cosyserve.models.packed_linear import PackedLinear
+
+logger = logging.getLogger(__name__)
+
+# The example a trace is recorded on: cached positions, and new frames per branch (a
+# first chunk's, and a later chunk's, whose convolutions are not matrix products).
+_EXAMPLE_CACHED = 50
+_EXAMPLE_FRAMES = {True: 10, False: 50}
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One stateful layer call, in the order the estimator makes them: an attention layer,
+    or a causal convolution with its left context ``width``."""
+
+    module: nn.Module
+    width: int = 0
+
+
+class _StateInputs(LayerStates):
+    """Inside a trace: each layer's cached state from the trace's inputs, in call order,
+    and its new state collected as outputs. ``calls`` records which layer made each call."""
+
+    def __init__(self, inputs: Iterator[Tensor]) -> None:
+        super().__init__()
+        self._inputs = inputs
+        self.outputs: list[Tensor] = []
+        self.calls: list[_Call] = []
+
+    def attend(self, layer: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        k1, k2, v1, v2 = (next(self._inputs) for _ in range(4))
+        self.outputs += [k, v]
+        self.calls.append(_Call(layer))
+        return torch.cat([k1, k2, k], dim=2), torch.cat([v1, v2, v], dim=2)
+
+    def left_pad(self, conv: nn.Module, x: Tensor, width: int) -> Tensor:
+        padded = torch.cat([next(self._inputs), x], dim=2)
+        self.outputs.append(padded)
+        self.calls.append(_Call(conv, width))
+        return padded
+
+
+class _ExampleStates(LayerStates):
+    """States of ``cached`` zero positions for every layer, read by the call that records
+    the calls' order before tracing; ``inputs`` collects what each call read."""
+
+    def __init__(self, cached: int) -> None:
+        super().__init__()
+        self.cached_length = cached
+        self.inputs: list[Tensor] = []
+        self.calls: list[_Call] = []
+
+    def attend(self, layer: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        past = k.new_zeros(k.shape[0], k.shape[1], self.cached_length, k.shape[3])
+        empty = k[:, :, :0]
+        self.inputs += [past, empty, past, empty]
+        self.calls.append(_Call(layer))
+        return torch.cat([past, k], dim=2), torch.cat([past, v], dim=2)
+
+    def left_pad(self, conv: nn.Module, x: Tensor, width: int) -> Tensor:
+        context = torch.randn(x.shape[0], x.shape[1], width, dtype=x.dtype)
+        self.inputs.append(context)
+        self.calls.append(_Call(conv, width))
+        return torch.cat([context, x], dim=2)
+
+
+class _StepModule(nn.Module):
+    """The estimator with its state as inputs and outputs, for tracing."""
+
+    def __init__(self, estimator: Estimator, with_bias: bool, weights: int) -> None:
+        super().__init__()
+        self.estimator = estimator
+        self.with_bias = with_bias
+        self.weights = weights
+        self.calls: list[_Call] = []
+
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        """``inputs``: the estimator's ``x, mask, mu, t, spks, cond``, its bias (if
+        ``with_bias``), the packed weights (unused here: the tracer records them as
+        inputs), then the layers' cached states."""
+        x, mask, mu, t, spks, cond, *rest = inputs
+        bias = rest[0] if self.with_bias else None
+        states = _StateInputs(iter(rest[int(self.with_bias) + self.weights :]))
+        velocity = self.estimator(x, mask, mu, t, spks, cond, bias, states)
+        self.calls = states.calls
+        return (velocity, *states.outputs)
+
+
+class TracedSteps:
+    """Replays :meth:`Estimator.forward` with ``states`` (incremental streaming) from
+    traces; :meth:`capture` records them. Calls where no trace can be made run eagerly."""
+
+    def __init__(self, estimator: Estimator) -> None:
+        self.estimator = estimator
+        self._weights = tuple(m.packed for m in estimator.modules() if isinstance(m, PackedLinear))
+        self._traces: dict[tuple[bool, bool], torch.jit.ScriptModule] = {}
+        self._calls: list[_Call] = []
+
+    def capture(self, dtype: torch.dtype) -> bool:
+        """Record the four traces on examples in ``dtype``; False (and eager calls) if
+        TorchScript cannot trace the estimator."""
+        try:
+            for gemm_conv, frames in _EXAMPLE_FRAMES.items():
+                for with_bias in (False, True):
+                    self._traces[with_bias, gemm_conv] = self._trace(frames, with_bias, dtype)
+        except (RuntimeError, TypeError, AttributeError) as exc:
+            reason = type(exc).__name__
+            logger.warning("streaming flow steps run eagerly: the estimator could not be traced (%s)", reason)
+            self._traces.clear()
+            return False
+        return True
+
+    def __call__(
+        self,
+        x: Tensor,
+        mask: Tensor,
+        mu: Tensor,
+        t: Tensor,
+        spks: Tensor,
+        cond: Tensor,
+        bias: Tensor | None,
+        states: LayerStates,
+    ) -> Tensor:
+        """:meth:`Estimator.forward` with ``states``: the velocity ``(B, 80, T)``, and the
+        layers' new states written to ``states``."""
+        key = (bias is not None, x.shape[0] * x.shape[2] <= GEMM_CONV_ROWS)
+        trace = self._traces.get(key)
+        if trace is None:
+            velocity: Tensor = self.estimator(x, mask, mu, t, spks, cond, bias, states)
+            return velocity
+        inputs = [x, mask, mu, t, spks, cond, *([] if bias is None else [bias]), *self._weights]
+        inputs += self._cached(states, x)
+        with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]  # not re-exported
+            outputs: tuple[Tensor, ...] = trace(*inputs)
+        self._store(states, outputs[1:])
+        return outputs[0]
+
+    def _cached(self, states: LayerStates, x: Tensor) -> list[Tensor]:
+        inputs: list[Tensor] = []
+        batch = x.shape[0]
+        for call in self._calls:
+            module = call.module
+            if isinstance(module, SelfAttention):
+                empty = x.new_empty(batch, module.heads, 0, module.head_dim)
+                keys, values = states.cached(module)
+                inputs += _two(keys, empty) + _two(values, empty)
+            else:
+                assert isinstance(module, nn.Conv1d)
+                inputs.append(states.context(module, batch, module.in_channels, call.width, x))
+        return inputs
+
+    def _store(self, states: LayerStates, outputs: Sequence[Tensor]) -> None:
+        position = 0
+        for call in self._calls:
+            if isinstance(call.module, SelfAttention):
+                states.store(call.module, outputs[position], outputs[position + 1])
+                position += 2
+            else:
+                states.store_context(call.module, outputs[position], call.width)
+                position += 1
+
+    def _trace(self, frames: int, with_bias: bool, dtype: torch.dtype) -> torch.jit.ScriptModule:
+        gen = torch.Generator().manual_seed(0)
+        batch = 2
+        x, mu, cond = (torch.randn(batch, 80, frames, generator=gen).to(dtype) for _ in range(3))
+        mask = torch.ones(batch, 1, frames, dtype=dtype)
+        t = torch.full((batch,), 0.5, dtype=dtype)
+        spks = torch.randn(batch, 80, generator=gen).to(dtype)
+        bias = torch.zeros(batch, 1, frames, _EXAMPLE_CACHED + frames, dtype=dtype) if with_bias else None
+        example = _ExampleStates(_EXAMPLE_CACHED)
+        self.estimator(x, mask, mu, t, spks, cond, bias, example)
+        if self._calls and self._calls != example.calls:
+            raise RuntimeError("the estimator's layers ran in another order")
+        self._calls = example.calls
+        module = _StepModule(self.estimator, with_bias, len(self._weights))
+        biases = [] if bias is None else [bias]
+        inputs = (x, mask, mu, t, spks, cond, *biases, *self._weights, *example.inputs)
+        with warnings.catch_warnings():
+            # As DecodeGraphs' TraceCapture: TorchScript is deprecated, and the traced
+            # sizes and fixed branches are meant.
+            warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit.*")
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)  # type: ignore[attr-defined]
+            traced = torch.jit.trace(module, inputs, check_trace=False)  # type: ignore[no-untyped-call]
+            frozen: torch.jit.ScriptModule = torch.jit.freeze(traced.eval())
+        if module.calls != self._calls:
+            raise RuntimeError("the traced estimator's layers ran in another order")
+        with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]
+            frozen(*inputs)  # builds the execution plan now (see TraceCapture)
+        return frozen
+
+
+def _two(pieces: list[Tensor], empty: Tensor) -> list[Tensor]:
+    """Cached positions as exactly two pieces, empty ones added."""
+    return [*pieces, *[empty] * (2 - len(pieces))]

@@ -1,0 +1,77 @@
+"""Incremental streaming with the estimator's calls replayed from traces
+(``Flow.trace_steps_``) gives the eager calls' bits: lone and batched streams, ragged
+batches (attention bias), forks of a primed voice (shared cached positions), float32 and
+packed bfloat16 weights."""
+
+import copy
+
+import pytest
+import torch
+
+from cosyserve.models.flow import Flow
+from cosyserve.models.flow.rows import stream_rows
+from cosyserve.models.flow.stream_cache import FlowStreamCache
+from cosyserve.models.packed_linear import PackedLinear, pack_linears_, packing_available
+from tests.models.flow.test_flow_rows import Voice
+
+
+def _in_dtype(flow: Flow, dtype: torch.dtype) -> Flow:
+    copied = copy.deepcopy(flow).to(dtype)
+    if dtype == torch.bfloat16:
+        pack_linears_(copied.cfm.estimator)
+    return copied
+
+
+def _lockstep(
+    flow: Flow, voices: list[Voice], hops: list[int | None], primed: FlowStreamCache
+) -> list[list[torch.Tensor]]:
+    """Each voice streamed, those of the primed voice forked from it, the streams that hold
+    as many cached tokens batched together."""
+    streams = [v.chunks(h) for v, h in zip(voices, hops, strict=True)]
+    caches = [
+        primed.fork() if v.prompt_token is voices[0].prompt_token else flow.new_stream_cache() for v in voices
+    ]
+    got: list[list[torch.Tensor]] = [[] for _ in voices]
+    for step in range(max(map(len, streams))):
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for v in range(len(voices)):
+            if step < len(streams[v]):
+                groups.setdefault((caches[v].tokens, streams[v][step].finalize), []).append(v)
+        for (_, finalize), members in groups.items():
+            rows = [voices[v].row(streams[v][step]) for v in members]
+            mels = stream_rows(flow, [caches[v] for v in members], rows, finalize=finalize)
+            for v, mel in zip(members, mels, strict=True):
+                got[v].append(mel)
+    return got
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_traced_streams_give_the_eager_streams_bits(flow: Flow, dtype: torch.dtype) -> None:
+    if dtype == torch.bfloat16 and not packing_available():
+        pytest.skip("this CPU has no oneDNN bfloat16 matmul")
+    eager, traced = _in_dtype(flow, dtype), _in_dtype(flow, dtype)
+    assert traced.trace_steps_()
+    if dtype == torch.bfloat16:
+        assert any(isinstance(m, PackedLinear) for m in traced.modules())
+    # Replays never run the estimator's Python.
+    traced.cfm.estimator.forward = _not_called  # type: ignore[method-assign]
+    voices = [Voice(53, 80, 5), Voice(13, 71, 6), Voice(20, 64, 7), Voice(53, 58, 8)]
+    voices[3].prompt_token, voices[3].prompt_feat, voices[3].embedding = (
+        voices[0].prompt_token,
+        voices[0].prompt_feat,
+        voices[0].embedding,
+    )
+    hops = [5, None, None, 6]  # short first hops put streams out of step: ragged batches
+    want = _lockstep(eager, voices, hops, eager.prime_stream(*_voice(voices[0])))
+    got = _lockstep(traced, voices, hops, traced.prime_stream(*_voice(voices[0])))
+    for g, w in zip(got, want, strict=True):
+        assert len(g) == len(w)
+        assert all(torch.equal(a, b) for a, b in zip(g, w, strict=True))
+
+
+def _voice(voice: Voice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return voice.prompt_token[None], voice.prompt_feat[None], voice.embedding[None]
+
+
+def _not_called(*args: object, **kwargs: object) -> torch.Tensor:
+    raise AssertionError("the estimator ran eagerly")
