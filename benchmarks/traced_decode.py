@@ -30,6 +30,7 @@ from cosyserve.engine.decode_graphs import DecodeGraphs, TraceCapture
 from cosyserve.loader import LoadedModel, load_model
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.parallelism import call_on_own_thread, hand_over_threads
+from cosyserve.server.watchdog import read_rss_bytes
 
 MAX_LEN = 2048
 PROMPTS = 8
@@ -57,14 +58,14 @@ def measure(model: LoadedModel, max_active: int, rounds: int) -> dict[str, Any]:
     lm = model.lm
     cache = KVCache.for_config(lm.cfg.qwen, max_active, MAX_LEN, model.precision.kv_cache_dtype)
     # Captured first, as the engine does at start: the capture borrows a free slot.
-    before = _rss_mib()
+    before = read_rss_bytes() / 2**20
     start = time.perf_counter()
     graphs = DecodeGraphs.for_engine(lm, cache, TraceCapture(lm), max_active)
     report: dict[str, Any] = {
         "capture_s": time.perf_counter() - start,
         "traces": len(graphs.replays),
         "rss_before_capture_mib": before,
-        "rss_after_capture_mib": _rss_mib(),
+        "rss_after_capture_mib": read_rss_bytes() / 2**20,
     }
     gen = torch.Generator().manual_seed(0)
     slots = []
@@ -84,7 +85,7 @@ def measure(model: LoadedModel, max_active: int, rounds: int) -> dict[str, Any]:
             **{f"{name}_ms": ms for name, ms in medians.items()},
             "max_log_prob_difference": (outputs["eager"] - outputs["traced"]).abs().max().item(),
         }
-    report["rss_at_end_mib"] = _rss_mib()
+    report["rss_at_end_mib"] = read_rss_bytes() / 2**20
     return report
 
 
@@ -92,12 +93,6 @@ def _undo_step(cache: KVCache, slots: list[int]) -> None:
     """Drop the position a decode step added to ``slots``: every round decodes the same one."""
     for slot in slots:
         cache.truncate(slot, cache.length(slot) - 1)
-
-
-def _rss_mib() -> float:
-    """Resident memory of this process in MiB (``/proc/self/statm``)."""
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return pages * 4096 / 2**20
 
 
 if __name__ == "__main__":

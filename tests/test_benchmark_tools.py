@@ -1,6 +1,7 @@
 """The measuring helpers of ``benchmarks/roofline.py`` and ``benchmarks/op_profile.py``, and
 that ``benchmarks/flow_weights.py``, ``benchmarks/engine_ab.py``,
-``benchmarks/load_memory.py`` and ``benchmarks/traced_decode.py`` run."""
+``benchmarks/load_memory.py``, ``benchmarks/traced_decode.py``, ``benchmarks/traced_flow.py`` and
+``benchmarks/int8_kernels.py`` run."""
 
 import importlib
 import json
@@ -146,3 +147,27 @@ def _run_script(name: str, model_dir: Path, tmp_path: Path, *args: str) -> Any:
     command = [sys.executable, str(BENCHMARKS / name), "--model-dir", str(model_dir), *args]
     subprocess.run([*command, "--json", str(out)], check=True, capture_output=True)
     return json.loads(out.read_text())
+
+
+def test_traced_flow_replays_the_eager_calls(tiny_model_dir: Path, tmp_path: Path) -> None:
+    args = ("--dtype", "fp32", "--quantize", "none", "--prompt", "30", "--tokens", "60", "--rounds", "3")
+    report = _run_script("traced_flow.py", tiny_model_dir, tmp_path, *args)
+    assert report["traced"] and report["capture_s"] > 0 and report["rss_after_capture_mib"] > 0
+    assert report["first_chunk"]["chunks"] == 1 and report["stream"]["chunks"] > 1
+    for label in ("first_chunk", "stream"):
+        assert report[label]["eager_s"] > 0 and report[label]["traced_s"] > 0
+        assert report[label]["max_mel_difference"] == 0.0
+
+
+def test_int8_kernels_compares_fbgemm_and_onednn(tiny_model_dir: Path, tmp_path: Path) -> None:
+    report = _run_script("int8_kernels.py", tiny_model_dir, tmp_path, "--dtype", "fp32", "--rows", "1,16,40")
+    assert report["linears"] == 8  # 2 layers x (q/k/v, output, gate/up, down)
+    if not torch.cpu._is_amx_tile_supported():
+        assert report["on_onednn"] == 0
+        return
+    assert report["on_onednn"] == 8 and report["onednn_weights_mib"] > 0
+    assert report["min_rows"] == [4, 8, 16]  # the tiny shapes' small products
+    for rows in ("rows_1", "rows_16", "rows_40"):
+        assert report[rows]["fbgemm_ms"] > 0 and report[rows]["onednn_ms"] > 0
+    assert not report["rows_1"]["onednn_in_the_model"]
+    assert report["rows_16"]["same_bits"] and report["rows_40"]["same_bits"]

@@ -81,3 +81,33 @@ def test_int8_rows_are_quantized_alone_whatever_the_batch() -> None:
     assert error.max() < 0.05  # 7-bit activations on each row's own range
     # On one scale the quiet rows lose most of their precision.
     assert ((per_tensor - want).abs().sum(1) / want.abs().sum(1))[:2].min() > 4 * error[:2].max()
+
+
+@pytest.mark.filterwarnings("ignore:.*deprecated.*")
+@pytest.mark.skipif(ao_quantize_dynamic() is None, reason="this torch has no torch.ao dynamic quantization")
+@pytest.mark.parametrize(("in_features", "out_features"), [(64, 48), (128, 256), (896, 1152)])
+def test_int8_rows_get_the_dynamic_ops_bits_on_the_range_minus_one_to_one(
+    in_features: int, out_features: int
+) -> None:
+    """The fixed input grid (scale 2/127, zero point 64) is what the dynamic op picks when
+    its input spans exactly [-1, 1], as a constant row holding -1 and 1 made it do."""
+    gen = torch.Generator().manual_seed(out_features)
+    linear = nn.Linear(in_features, out_features)
+    for p in linear.parameters():
+        p.data = torch.randn(p.shape, generator=gen) * 0.1
+    quantize_dynamic = ao_quantize_dynamic()
+    assert quantize_dynamic is not None
+    qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+    quantized = quantize_dynamic(nn.Sequential(linear), {nn.Linear: qconfig})
+    assert isinstance(quantized, nn.Sequential)
+    int8 = Int8DynamicLinear.from_ao(quantized[0])
+    ends = torch.zeros(1, in_features)
+    ends[0, :2] = torch.tensor([-1.0, 1.0])
+    with torch.inference_mode():
+        for count in (1, 2, 5, 17):
+            magnitudes = 10.0 ** torch.linspace(-2, 2, count)[:, None]
+            rows = torch.randn(count, in_features, generator=gen) * magnitudes
+            scale = rows.abs().amax(dim=1, keepdim=True)
+            spanned = torch.cat([rows / scale, ends])  # the op's range: exactly [-1, 1]
+            want = torch.ops.quantized.linear_dynamic(spanned, int8.packed, True)[:-1]
+            assert torch.equal(int8(rows), torch.addcmul(int8.bias, want, scale))

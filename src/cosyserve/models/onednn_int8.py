@@ -43,7 +43,8 @@ MIN_ROWS = 2
 # Outputs (rows x out features) below which oneDNN runs another kernel, whose sums are
 # scaled back in another order than fbgemm's (last-bit differences, seen at 48-256 outputs).
 MIN_OUTPUTS = 1024
-# fbgemm's parameters for an input whose range is exactly [-1, 1], with reduce_range.
+# The grid of every int8 input row: the parameters torch's dynamic op picks for an input
+# whose range is exactly [-1, 1], with reduce_range (Int8DynamicLinear).
 INPUT_SCALE = 2.0 / 127
 INPUT_ZERO_POINT = 64
 

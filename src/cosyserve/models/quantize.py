@@ -39,7 +39,7 @@ from torch import nn
 
 from cosyserve.memory import PageReleaser
 from cosyserve.models.lm import CosyVoice2LM
-from cosyserve.models.onednn_int8 import OneDnnInt8Weight, OneDnnPacker
+from cosyserve.models.onednn_int8 import INPUT_SCALE, INPUT_ZERO_POINT, OneDnnInt8Weight, OneDnnPacker
 from cosyserve.models.precision import Precision, PrecisionError, Quantization, require_torchao
 from cosyserve.models.qwen2 import DecoderLayer
 
@@ -123,9 +123,9 @@ def int8_dynamic_(
 
 
 class Int8DynamicLinear(nn.Module):
-    """torch's dynamic int8 Linear (``torch.ops.quantized.linear_dynamic`` on packed int8
-    weights per output channel), called directly and with each input row quantized on
-    its own scale.
+    """torch's dynamic int8 Linear (fbgemm's int8 GEMM on packed int8 weights per output
+    channel, activations quantized per call), called directly and with each input row
+    quantized on its own scale.
 
     The op quantizes its whole input on one scale, the range of all its rows. In a batched
     decode step that put every request's activations on a grid set by the largest among
@@ -133,19 +133,20 @@ class Int8DynamicLinear(nn.Module):
     concurrent requests on the tiny model got other tokens than alone), and a quiet row lost
     precision (mean error 0.027 against 0.014 alone, five rows of different magnitudes).
     Here each row is divided by its largest magnitude, so it lies in [-1, 1] and reaches one
-    end, and a constant row holding -1 and 1 goes with them, so the op's range is exactly
-    [-1, 1] whatever the batch. Every row is then rounded on the same grid, the int8
-    products are exact integers, and each output row is scaled back by its own factor
-    before the bias is added: a row's output is bit-identical alone and in any batch. This
-    costs six small ops per call (abs, max, clamp, divide, join, scale back), about 4.7 ms
-    of a batch-1 decode step when the max was ``linalg.vector_norm`` (28.4 -> 33.1 ms on 2
-    cores of an AMX Xeon; ``docs/precision.md``). The ao module's ``forward`` is
-    skipped: it reaches its packed weights through a submodule and re-checks their dtype
-    on every call (6 % of a batch-1 step).
+    end, and every row is rounded on the grid the dynamic op picks for exactly that range
+    (7 bits: scale 2/127, zero point 64), given to fbgemm's op with fixed input parameters
+    (``linear_with_input_q_dq_qweight_dq_output_fp32``). The int8 products are exact
+    integers, and each output row is scaled back by its own factor before the bias is
+    added: a row's output is bit-identical alone and in any batch. Until 2026-12-05 a
+    constant row holding -1 and 1 went with the rows to set the dynamic op's range to
+    [-1, 1]: the same bits, for one more row per call (a lone row's 24 layers took 19.2
+    against 16.7 ms, ``docs/benchmarks.md``, "oneDNN's int8 matmul"). This costs four
+    small ops per call (abs, max, clamp, divide) and the scaling back. The ao module's
+    ``forward`` is skipped: it reaches its packed weights through a submodule and re-checks
+    their dtype on every call (6 % of a batch-1 step).
     """
 
     bias: torch.Tensor | None
-    ends: torch.Tensor
 
     def __init__(
         self, packed: torch.ScriptObject, in_features: int, out_features: int, bias: torch.Tensor | None
@@ -160,9 +161,6 @@ class Int8DynamicLinear(nn.Module):
         self.in_features = in_features
         self.out_features = out_features
         self.register_buffer("bias", bias, persistent=False)
-        ends = torch.zeros(1, in_features)
-        ends[0, :2] = torch.tensor([-1.0, 1.0])
-        self.register_buffer("ends", ends, persistent=False)
 
     @classmethod
     def from_ao(cls, module: nn.Module) -> "Int8DynamicLinear":
@@ -188,14 +186,16 @@ class Int8DynamicLinear(nn.Module):
         # inf-norm, exactly, and 3-12x faster than linalg.vector_norm's reduction here (88
         # prefill rows of 4864: 47 against 588 us), which took 14 % of a prefill.
         scale = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)
+        scaled = rows / scale
         onednn = self.onednn
         if onednn is not None and rows.shape[0] >= onednn.min_rows:
-            y = onednn(rows / scale)  # the same bits as fbgemm's below
+            y = onednn(scaled)  # the same bits as fbgemm's below
         else:
-            scaled = torch.cat([rows / scale, self.ends])  # (M + 1, in): the op's range is [-1, 1]
             # The overload itself: the op packet's call first looks for script objects in
             # the arguments in Python, about 1 % of a batch-1 decode step.
-            y = torch.ops.quantized.linear_dynamic.default(scaled, self.packed, True)[:-1]  # (M, out)
+            y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32.default(
+                scaled, INPUT_SCALE, INPUT_ZERO_POINT, self.packed
+            )  # (M, out)
         out = y * scale if self.bias is None else torch.addcmul(self.bias, y, scale)
         return out.view(*x.shape[:-1], self.out_features)
 

@@ -64,6 +64,27 @@ class Voice:
 VOICES = [(4, 30, 1), (13, 47, 2), (0, 21, 3), (31, 60, 4)]  # (prompt, tokens, seed)
 
 
+def stream_in_lockstep(
+    flow: Flow, voices: list[Voice], streams: list[list[Chunk]], caches: list[FlowStreamCache]
+) -> tuple[list[list[torch.Tensor]], list[int]]:
+    """Each voice's chunks through its cache, those of the streams holding as many cached
+    tokens batched together at each step; each stream's mels, and each batch's size."""
+    got: list[list[torch.Tensor]] = [[] for _ in voices]
+    batches = []
+    for step in range(max(map(len, streams))):
+        live = [v for v in range(len(voices)) if step < len(streams[v])]
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for v in live:
+            groups.setdefault((caches[v].tokens, streams[v][step].finalize), []).append(v)
+        for (_, finalize), members in groups.items():
+            rows = [voices[v].row(streams[v][step]) for v in members]
+            mels = stream_rows(flow, [caches[v] for v in members], rows, finalize=finalize)
+            for v, mel in zip(members, mels, strict=True):
+                got[v].append(mel)
+            batches.append(len(members))
+    return got, batches
+
+
 def assert_close(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
@@ -106,19 +127,7 @@ def test_lockstep_streams_batched_equal_each_stream_alone(flow: Flow) -> None:
         want.append([voice.stream_alone(flow, cache, c) for c in chunks])
 
     caches = [flow.new_stream_cache() for _ in voices]
-    got: list[list[torch.Tensor]] = [[] for _ in voices]
-    batches = []
-    for step in range(max(map(len, streams))):
-        live = [v for v in range(len(voices)) if step < len(streams[v])]
-        groups: dict[tuple[int, bool], list[int]] = {}
-        for v in live:
-            groups.setdefault((caches[v].tokens, streams[v][step].finalize), []).append(v)
-        for (_, finalize), members in groups.items():
-            rows = [voices[v].row(streams[v][step]) for v in members]
-            mels = stream_rows(flow, [caches[v] for v in members], rows, finalize=finalize)
-            for v, mel in zip(members, mels, strict=True):
-                got[v].append(mel)
-            batches.append(len(members))
+    got, batches = stream_in_lockstep(flow, voices, streams, caches)
     assert max(batches) >= 3  # really batched, final chunks of different lengths included
     for g, w in zip(got, want, strict=True):
         assert_close(g, w)

@@ -9,39 +9,29 @@ import pytest
 import torch
 
 from cosyserve.models.flow import Flow
-from cosyserve.models.flow.rows import stream_rows
+from cosyserve.models.flow.blocks import pack_short_convs_
 from cosyserve.models.flow.stream_cache import FlowStreamCache
 from cosyserve.models.packed_linear import PackedLinear, pack_linears_, packing_available
-from tests.models.flow.test_flow_rows import Voice
+from tests.models.flow.test_flow_rows import Voice, stream_in_lockstep
 
 
 def _in_dtype(flow: Flow, dtype: torch.dtype) -> Flow:
     copied = copy.deepcopy(flow).to(dtype)
     if dtype == torch.bfloat16:
         pack_linears_(copied.cfm.estimator)
+        pack_short_convs_(copied.cfm.estimator)
     return copied
 
 
 def _lockstep(
     flow: Flow, voices: list[Voice], hops: list[int | None], primed: FlowStreamCache
 ) -> list[list[torch.Tensor]]:
-    """Each voice streamed, those of the primed voice forked from it, the streams that hold
-    as many cached tokens batched together."""
+    """Each voice streamed, those of the primed voice forked from it, in lockstep batches."""
     streams = [v.chunks(h) for v, h in zip(voices, hops, strict=True)]
-    caches = [
-        primed.fork() if v.prompt_token is voices[0].prompt_token else flow.new_stream_cache() for v in voices
-    ]
-    got: list[list[torch.Tensor]] = [[] for _ in voices]
-    for step in range(max(map(len, streams))):
-        groups: dict[tuple[int, bool], list[int]] = {}
-        for v in range(len(voices)):
-            if step < len(streams[v]):
-                groups.setdefault((caches[v].tokens, streams[v][step].finalize), []).append(v)
-        for (_, finalize), members in groups.items():
-            rows = [voices[v].row(streams[v][step]) for v in members]
-            mels = stream_rows(flow, [caches[v] for v in members], rows, finalize=finalize)
-            for v, mel in zip(members, mels, strict=True):
-                got[v].append(mel)
+    shared = voices[0].prompt_token
+    caches = [primed.fork() if v.prompt_token is shared else flow.new_stream_cache() for v in voices]
+    got, batches = stream_in_lockstep(flow, voices, streams, caches)
+    assert max(batches) >= 2
     return got
 
 

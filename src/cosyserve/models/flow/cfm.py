@@ -98,13 +98,13 @@ class CFM(nn.Module):
         # the same recurrence keeps the float rounding of t identical.
         t, dt = t_span[0], t_span[1] - t_span[0]
         for step in range(1, len(t_span)):
-            x2, t2 = torch.cat([x, x]), t.expand(2 * batch)
+            inputs = (torch.cat([x, x]), mask2, mu2, t.expand(2 * batch), spks2, cond2)
             if states is None:
-                velocity = self.estimator(x2, mask2, mu2, t2, spks2, cond2, bias)
+                velocity = self.estimator(*inputs, bias)
             elif self.traced_steps is None:
-                velocity = self.estimator(x2, mask2, mu2, t2, spks2, cond2, bias, states[step - 1])
+                velocity = self.estimator(*inputs, bias, states[step - 1])
             else:
-                velocity = self.traced_steps(x2, mask2, mu2, t2, spks2, cond2, bias, states[step - 1])
+                velocity = self.traced_steps(inputs, bias, states[step - 1])
             v_cond, v_uncond = velocity.split(batch)
             x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
             t = t + dt

@@ -142,28 +142,19 @@ class TracedSteps:
             return False
         return True
 
-    def __call__(
-        self,
-        x: Tensor,
-        mask: Tensor,
-        mu: Tensor,
-        t: Tensor,
-        spks: Tensor,
-        cond: Tensor,
-        bias: Tensor | None,
-        states: LayerStates,
-    ) -> Tensor:
-        """:meth:`Estimator.forward` with ``states``: the velocity ``(B, 80, T)``, and the
-        layers' new states written to ``states``."""
-        key = (bias is not None, x.shape[0] * x.shape[2] <= GEMM_CONV_ROWS)
-        trace = self._traces.get(key)
+    def __call__(self, inputs: Sequence[Tensor], bias: Tensor | None, states: LayerStates) -> Tensor:
+        """:meth:`Estimator.forward` of ``inputs`` (its ``x, mask, mu, t, spks, cond``),
+        ``bias`` and ``states``: the velocity ``(B, 80, T)``, and the layers' new states
+        written to ``states``."""
+        x = inputs[0]
+        trace = self._traces.get((bias is not None, x.shape[0] * x.shape[2] <= GEMM_CONV_ROWS))
         if trace is None:
-            velocity: Tensor = self.estimator(x, mask, mu, t, spks, cond, bias, states)
+            velocity: Tensor = self.estimator(*inputs, bias, states)
             return velocity
-        inputs = [x, mask, mu, t, spks, cond, *([] if bias is None else [bias]), *self._weights]
-        inputs += self._cached(states, x)
+        biases = [] if bias is None else [bias]
+        arguments = [*inputs, *biases, *self._weights, *self._cached(states, x)]
         with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]  # not re-exported
-            outputs: tuple[Tensor, ...] = trace(*inputs)
+            outputs: tuple[Tensor, ...] = trace(*arguments)
         self._store(states, outputs[1:])
         return outputs[0]
 
