@@ -51,10 +51,11 @@ class EngineConfig:
     elsewhere; where the LM cannot be traced (a compiled one: ``engine_config_for`` turns
     this off), steps run eagerly.
     ``traced_flow``: on a CPU, replay the flow estimator's incremental streaming calls from
-    TorchScript traces made at start (``Flow.trace_steps_``): a stream's first chunk took
-    0.34 against 0.44 s and a whole 6 s stream's flow 5.0 against 5.9-6.1 s, the same bits,
-    for about 6 s of start-up on the full model. Ignored elsewhere and with ``flow_cache =
-    "exact"``.
+    four TorchScript traces made at start (``Flow.trace_steps_``): on the full bf16 model a
+    stream's first chunk took 0.32 against 0.41 s and a whole 6 s stream's flow 5.2 against
+    6.2 s, the same bits, for 5.7 s of start-up and about 320 MiB
+    (``benchmarks/traced_flow.py``, docs/benchmarks.md, "Traced streaming flow steps").
+    Ignored elsewhere and with ``flow_cache = "exact"``.
     ``pretouch_mb``: MiB of memory the engine's thread faults in when it starts and keeps
     for its tensors (``cosyserve.memory.pretouch``), so that the first burst of streams'
     flow caches finds it resident; the process's RSS starts that much higher. 0: none.

@@ -90,7 +90,7 @@ class _ExampleStates(LayerStates):
         return torch.cat([past, k], dim=2), torch.cat([past, v], dim=2)
 
     def left_pad(self, conv: nn.Module, x: Tensor, width: int) -> Tensor:
-        context = torch.randn(x.shape[0], x.shape[1], width, dtype=x.dtype)
+        context = x.new_zeros(x.shape[0], x.shape[1], width)
         self.inputs.append(context)
         self.calls.append(_Call(conv, width))
         return torch.cat([context, x], dim=2)
@@ -159,6 +159,7 @@ class TracedSteps:
         return outputs[0]
 
     def _cached(self, states: LayerStates, x: Tensor) -> list[Tensor]:
+        """The layers' cached states in call order, as the traces take them."""
         inputs: list[Tensor] = []
         batch = x.shape[0]
         for call in self._calls:
@@ -173,6 +174,7 @@ class TracedSteps:
         return inputs
 
     def _store(self, states: LayerStates, outputs: Sequence[Tensor]) -> None:
+        """Write the layers' new states (the traces' outputs after the velocity)."""
         position = 0
         for call in self._calls:
             if isinstance(call.module, SelfAttention):
@@ -184,11 +186,11 @@ class TracedSteps:
 
     def _trace(self, frames: int, with_bias: bool, dtype: torch.dtype) -> torch.jit.ScriptModule:
         gen = torch.Generator().manual_seed(0)
-        batch = 2
-        x, mu, cond = (torch.randn(batch, 80, frames, generator=gen).to(dtype) for _ in range(3))
+        batch, mels = 2, self.estimator.in_channels // 4  # its input: [x, mu, spks, cond]
+        x, mu, cond = (torch.randn(batch, mels, frames, generator=gen).to(dtype) for _ in range(3))
         mask = torch.ones(batch, 1, frames, dtype=dtype)
         t = torch.full((batch,), 0.5, dtype=dtype)
-        spks = torch.randn(batch, 80, generator=gen).to(dtype)
+        spks = torch.randn(batch, mels, generator=gen).to(dtype)
         bias = torch.zeros(batch, 1, frames, _EXAMPLE_CACHED + frames, dtype=dtype) if with_bias else None
         example = _ExampleStates(_EXAMPLE_CACHED)
         self.estimator(x, mask, mu, t, spks, cond, bias, example)
