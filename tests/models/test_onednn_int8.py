@@ -3,7 +3,6 @@ whole LM steps and in traced decode steps. Runs where oneDNN is used: a CPU with
 
 import pytest
 import torch
-from torch import nn
 
 from cosyserve.engine.decode_graphs import DecodeGraphs, TraceCapture
 from cosyserve.modeldir.hparams import LMConfig, Qwen2Config
@@ -13,6 +12,7 @@ from cosyserve.models.onednn_int8 import MIN_OUTPUTS, MIN_ROWS, OneDnnPacker
 from cosyserve.models.precision import Precision
 from cosyserve.models.quantize import Int8DynamicLinear, ao_quantize_dynamic, quantize_lm_
 from cosyserve.weights.randomize import randomize_
+from tests.models.test_quantize_fusion import int8_linear
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*deprecated.*"),
@@ -47,19 +47,6 @@ def packer() -> OneDnnPacker:
     return packer
 
 
-def _int8(in_features: int, out_features: int, seed: int) -> Int8DynamicLinear:
-    gen = torch.Generator().manual_seed(seed)
-    linear = nn.Linear(in_features, out_features)
-    for p in linear.parameters():
-        p.data = torch.randn(p.shape, generator=gen) * 0.05
-    quantize_dynamic = ao_quantize_dynamic()
-    assert quantize_dynamic is not None
-    qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
-    quantized = quantize_dynamic(nn.Sequential(linear), {nn.Linear: qconfig})
-    assert isinstance(quantized, nn.Sequential)
-    return Int8DynamicLinear.from_ao(quantized[0])
-
-
 def _rows(count: int, width: int, seed: int) -> torch.Tensor:
     """Rows of magnitudes from 0.01 to 100, one of them zero."""
     gen = torch.Generator().manual_seed(seed)
@@ -71,7 +58,7 @@ def _rows(count: int, width: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize(("in_features", "out_features"), [(256, 1024), (1024, 512), (64, 48)])
 def test_several_rows_give_fbgemms_bits(packer: OneDnnPacker, in_features: int, out_features: int) -> None:
-    int8 = _int8(in_features, out_features, seed=out_features)
+    int8 = int8_linear(in_features, out_features, seed=out_features, std=0.05)
     with torch.inference_mode():
         counts = [1, 2, 3, 5, 8, 16, 21, 22, 23, 40, 100]
         want = [int8(_rows(n, in_features, n)) for n in counts]

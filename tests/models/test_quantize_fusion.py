@@ -91,16 +91,8 @@ def test_int8_rows_get_the_dynamic_ops_bits_on_the_range_minus_one_to_one(
 ) -> None:
     """The fixed input grid (scale 2/127, zero point 64) is what the dynamic op picks when
     its input spans exactly [-1, 1], as a constant row holding -1 and 1 made it do."""
+    int8 = int8_linear(in_features, out_features, seed=out_features, std=0.1)
     gen = torch.Generator().manual_seed(out_features)
-    linear = nn.Linear(in_features, out_features)
-    for p in linear.parameters():
-        p.data = torch.randn(p.shape, generator=gen) * 0.1
-    quantize_dynamic = ao_quantize_dynamic()
-    assert quantize_dynamic is not None
-    qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
-    quantized = quantize_dynamic(nn.Sequential(linear), {nn.Linear: qconfig})
-    assert isinstance(quantized, nn.Sequential)
-    int8 = Int8DynamicLinear.from_ao(quantized[0])
     ends = torch.zeros(1, in_features)
     ends[0, :2] = torch.tensor([-1.0, 1.0])
     with torch.inference_mode():
@@ -111,3 +103,18 @@ def test_int8_rows_get_the_dynamic_ops_bits_on_the_range_minus_one_to_one(
             spanned = torch.cat([rows / scale, ends])  # the op's range: exactly [-1, 1]
             want = torch.ops.quantized.linear_dynamic(spanned, int8.packed, True)[:-1]
             assert torch.equal(int8(rows), torch.addcmul(int8.bias, want, scale))
+
+
+def int8_linear(in_features: int, out_features: int, seed: int, std: float) -> Int8DynamicLinear:
+    """A random Linear (weights and bias of standard deviation ``std``) quantized as the
+    LM's are: int8 weights per output row."""
+    gen = torch.Generator().manual_seed(seed)
+    linear = nn.Linear(in_features, out_features)
+    for p in linear.parameters():
+        p.data = torch.randn(p.shape, generator=gen) * std
+    quantize_dynamic = ao_quantize_dynamic()
+    assert quantize_dynamic is not None
+    qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+    quantized = quantize_dynamic(nn.Sequential(linear), {nn.Linear: qconfig})
+    assert isinstance(quantized, nn.Sequential)
+    return Int8DynamicLinear.from_ao(quantized[0])

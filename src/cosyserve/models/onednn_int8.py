@@ -10,17 +10,18 @@ Linears) runs the LM's 24 decoder layers, each weight read from memory, in (ms):
 ======  ======  ======
 rows    fbgemm  oneDNN
 ======  ======  ======
-1       17.6    21.0
-2       19.1    20.8
-8       26.7    21.4
-16      34.5    21.9
-100     92.0    38.9
+1       17.9    22.1
+2       20.3    23.2
+8       29.9    25.0
+16      34.2    25.7
+100     103.1   52.4
 ======  ======  ======
 
-(2 cores of an Intel Xeon with AMX; fbgemm's calls get one row more, the constant row
-that fixes their range.) So calls of :data:`MIN_ROWS` rows or more (batched decode steps,
-prefills) go to oneDNN, and a lone decode row stays on fbgemm, which costs a second copy of
-the int8 weights (358 MiB on the full model).
+(2 cores of an Intel Xeon with AMX, ``benchmarks/int8_kernels.py``.) So calls of
+:data:`MIN_ROWS` rows or more (batched decode steps, prefills) go to oneDNN, and a lone
+decode row stays on fbgemm. At 2 rows oneDNN is the slower, but the engine's decode
+traces serve every batch of 2 or more with one trace recorded at 2 rows. This costs a
+second copy of the int8 weights (341 MiB on the full model).
 
 The two give the same bits. The activations are quantized as fbgemm quantizes them on
 the range [-1, 1] that the row scaling sets (7 bits, ``reduce_range``: scale 2/127, zero
