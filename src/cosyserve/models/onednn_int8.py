@@ -39,7 +39,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-# The row count from which oneDNN's matmul is the faster one (the table above).
+# The fewest rows a call must have to go to oneDNN: from 3 on it is the faster (the table
+# above), and the decode trace that serves batches of 2 or more is recorded at 2 rows.
 MIN_ROWS = 2
 # Outputs (rows x out features) below which oneDNN runs another kernel, whose sums are
 # scaled back in another order than fbgemm's (last-bit differences, seen at 48-256 outputs).
