@@ -33,7 +33,6 @@ again, which checks the static-buffer path against the eager one.
 """
 
 import logging
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -45,6 +44,7 @@ from cosyserve.models.kv_cache import KVCache, causal_mask
 from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.models.quantize import Int8DynamicLinear
 from cosyserve.models.span_attention import KEY_BLOCK, padded_span
+from cosyserve.models.torchscript import replay, trace_frozen
 
 # A step's work for the shape of its argument: a (B, span) view whose sizes are the step's
 # rows and the keys each reads (traced, they stay sizes of an input, not constants).
@@ -119,45 +119,20 @@ class TraceCapture:
         if self.failed:
             return step
         try:
-            with warnings.catch_warnings():
-                # torch marks TorchScript deprecated in favour of torch.compile, which cannot
-                # take fbgemm's packed int8 weights (docs/benchmarks.md, "Run 33"); while
-                # tracing exists it is used, and a torch without it runs the steps eagerly.
-                warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit.*")
-                # The sizes turn into traced values, and the branches taken on them (a lone
-                # row's speech head) are meant to be fixed: DecodeGraphs traces a lone row
-                # apart.
-                warnings.filterwarnings(
-                    "ignore",
-                    category=torch.jit.TracerWarning,  # type: ignore[attr-defined]  # not re-exported
-                )
-                traced = torch.jit.trace(  # type: ignore[no-untyped-call]  # torch leaves it untyped
-                    _StepModule(self.lm, step), (shape, *self._weights), check_trace=False
-                )
-                # Frozen: the submodules' calls inlined and the weights made constants, so the
-                # interpreter runs one flat graph: 23.0 against 24.0-25.5 ms a batch-1 step
-                # and 40.2-40.6 against 42.9-43.8 ms at batch 8 on the full model, the same
-                # bits (docs/benchmarks.md, "Traced decode steps").
-                traced = torch.jit.freeze(traced.eval())
+            # A lone row's branches (its speech head) are fixed by its trace: DecodeGraphs
+            # traces a lone row apart.
+            traced = trace_frozen(_StepModule(self.lm, step), (shape, *self._weights))
         except (RuntimeError, TypeError, AttributeError) as exc:
             logger.warning("decode steps run eagerly: the LM could not be traced (%s)", type(exc).__name__)
             self.failed = True
             return step
 
-        def replay(shape: torch.Tensor) -> torch.Tensor:
-            # The plain interpreter: the optimizing one profiles a graph's first two runs
-            # (290-380 ms each for a full-model step, against 76 ms) for no faster steps.
-            with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]  # not re-exported
-                out: torch.Tensor = traced(shape, *self._weights)
+        def replayed(shape: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = replay(traced, shape, *self._weights)
             return out
 
-        # A trace's first run builds its execution plan (about 30 MiB for the full model),
-        # which the process keeps: built now, it sits with the other traces instead of
-        # among the flow caches of the first requests to use it, which it kept from being
-        # reused (a second burst of 8 streams then peaked at 14.1 GiB, against 9.3 GiB
-        # with plans built at start).
-        replay(shape)
-        return replay
+        replayed(shape)  # the execution plan, built now (see replay)
+        return replayed
 
 
 class CudaGraphCapture:

@@ -32,10 +32,11 @@ still does not depend on the call it is in.
 """
 
 import logging
-import warnings
 from collections.abc import Callable
 
 import torch
+
+from cosyserve.models.torchscript import compiled_function
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +70,7 @@ def _scripted_linear() -> OneDnnLinear:
     """The op call as a TorchScript function: a decode step's trace records it as a call
     (tracing the op itself fails on its empty list of post-op arguments)."""
     source = _LINEAR_SOURCE.replace("ZERO_POINT", str(INPUT_ZERO_POINT)).replace("SCALE", repr(INPUT_SCALE))
-    with warnings.catch_warnings():
-        # torch marks TorchScript deprecated; see DecodeGraphs' TraceCapture.
-        warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit.*")
-        unit = torch.jit.CompilationUnit(source)
-    scripted: OneDnnLinear = unit.linear
-    return scripted
+    return compiled_function(source, "linear")
 
 
 class OneDnnInt8Weight:

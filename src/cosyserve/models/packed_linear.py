@@ -21,11 +21,12 @@ flow chunk took 0.41 s against 0.46 s and a non-streaming flow (3 s prompt, 6 s 
 
 import functools
 import logging
-import warnings
 from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from cosyserve.models.torchscript import compiled_function
 
 logger = logging.getLogger(__name__)
 
@@ -72,13 +73,8 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
 
 
 @functools.cache
-def _scripted_linear() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]:
-    with warnings.catch_warnings():
-        # torch marks TorchScript deprecated; see DecodeGraphs' TraceCapture.
-        warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit.*")
-        unit = torch.jit.CompilationUnit(_LINEAR_SOURCE)
-    linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] = unit.linear
-    return linear
+def _scripted_linear() -> Callable[..., torch.Tensor]:
+    return compiled_function(_LINEAR_SOURCE, "linear")
 
 
 def packing_available() -> bool:

@@ -34,7 +34,7 @@ def conv1d(conv: nn.Conv1d, x: Tensor) -> Tensor:
     batch, channels, length = x.shape
     kernel = conv.kernel_size[0]
     frames = length - kernel + 1
-    if batch * frames > GEMM_CONV_ROWS:
+    if not runs_as_matmul(batch, frames):
         y: Tensor = conv(x)
         return y
     # (B, C, T, k) -> (B, T, C, k): column c * k + j holds input channel c at shift j, as
@@ -46,6 +46,12 @@ def conv1d(conv: nn.Conv1d, x: Tensor) -> Tensor:
     else:
         out = F.linear(columns, conv.weight.view(conv.out_channels, channels * kernel), conv.bias)
     return out.view(batch, frames, conv.out_channels).transpose(1, 2)
+
+
+def runs_as_matmul(batch: int, frames: int) -> bool:
+    """Whether :func:`conv1d` runs ``batch`` rows of ``frames`` output frames as one matrix
+    product (up to :data:`GEMM_CONV_ROWS` output rows) rather than as a convolution."""
+    return batch * frames <= GEMM_CONV_ROWS
 
 
 def pack_short_convs_(module: nn.Module) -> int:

@@ -20,17 +20,17 @@ with or without an attention bias, and convolutions as matrix products or not
 """
 
 import logging
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from cosyserve.models.flow.blocks import GEMM_CONV_ROWS, SelfAttention
+from cosyserve.models.flow.blocks import SelfAttention, runs_as_matmul
 from cosyserve.models.flow.estimator import Estimator
 from cosyserve.models.flow.stream_cache import LayerStates
 from cosyserve.models.packed_linear import PackedLinear
+from cosyserve.models.torchscript import replay, trace_frozen
 
 logger = logging.getLogger(__name__)
 
@@ -147,14 +147,14 @@ class TracedSteps:
         ``bias`` and ``states``: the velocity ``(B, 80, T)``, and the layers' new states
         written to ``states``."""
         x = inputs[0]
-        trace = self._traces.get((bias is not None, x.shape[0] * x.shape[2] <= GEMM_CONV_ROWS))
+        # Every estimator convolution outputs the input's frames: one branch for all.
+        trace = self._traces.get((bias is not None, runs_as_matmul(x.shape[0], x.shape[2])))
         if trace is None:
             velocity: Tensor = self.estimator(*inputs, bias, states)
             return velocity
         biases = [] if bias is None else [bias]
         arguments = [*inputs, *biases, *self._weights, *self._cached(states, x)]
-        with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]  # not re-exported
-            outputs: tuple[Tensor, ...] = trace(*arguments)
+        outputs: tuple[Tensor, ...] = replay(trace, *arguments)
         self._store(states, outputs[1:])
         return outputs[0]
 
@@ -200,17 +200,10 @@ class TracedSteps:
         module = _StepModule(self.estimator, with_bias, len(self._weights))
         biases = [] if bias is None else [bias]
         inputs = (x, mask, mu, t, spks, cond, *biases, *self._weights, *example.inputs)
-        with warnings.catch_warnings():
-            # As DecodeGraphs' TraceCapture: TorchScript is deprecated, and the traced
-            # sizes and fixed branches are meant.
-            warnings.filterwarnings("ignore", category=DeprecationWarning, message=r".*torch\.jit.*")
-            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)  # type: ignore[attr-defined]
-            traced = torch.jit.trace(module, inputs, check_trace=False)  # type: ignore[no-untyped-call]
-            frozen: torch.jit.ScriptModule = torch.jit.freeze(traced.eval())
+        frozen = trace_frozen(module, inputs)
         if module.calls != self._calls:
             raise RuntimeError("the traced estimator's layers ran in another order")
-        with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]
-            frozen(*inputs)  # builds the execution plan now (see TraceCapture)
+        replay(frozen, *inputs)  # the execution plan, built now (see replay)
         return frozen
 
 
