@@ -1,6 +1,6 @@
-"""A stream's flow with the estimator's incremental calls replayed from traces
-(``Flow.trace_steps_``, ``EngineConfig.traced_flow``) against eager calls, on a full-size
-model: what tracing costs at start and what it saves.
+"""The flow with the estimator's calls replayed from traces (``Flow.trace_steps_``,
+``EngineConfig.traced_flow``) against eager calls, on a full-size model: what tracing
+costs at start and what it saves, streaming and not.
 
     python benchmarks/traced_flow.py --model-dir /tmp/cv2-full-bench [--dtype bf16]
         [--quantize int8] [--prompt 75] [--tokens 150] [--first-hop 5] [--rounds 8]
@@ -11,9 +11,10 @@ and reads the process's resident memory before and after it. A voice prompt of
 ``--prompt`` random tokens is primed whole (``flow_prompt_whole``), and a stream of
 ``--tokens`` tokens forked from it is cut as the engine cuts it (first chunk after
 ``--first-hop`` tokens). Eager and traced take turns for ``--rounds`` rounds (the first
-not counted): the first chunk alone, and then whole streams (a third as many rounds). It
-prints the median seconds and the largest difference between the two streams' mel frames
-(0.0 where the replays give the eager calls' bits). Everything runs on a thread of its
+not counted): the first chunk alone, then whole streams and then the same tokens'
+non-streaming flow (a third as many rounds each). It prints the median seconds and the
+largest difference between the two sides' mel frames (0.0 where the replays give the
+eager calls' bits). Everything runs on a thread of its
 own with the process's torch threads, as the engine does.
 """
 
@@ -79,9 +80,18 @@ def measure(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
         flow.cfm.traced_steps = variants[name]
         return _stream(flow, primed.fork(), tokens, voice, args.prompt, args.first_hop, first_only)
 
+    def non_streaming(name: str) -> list[torch.Tensor]:
+        flow.cfm.traced_steps = variants[name]
+        return [flow.inference(tokens, *voice, streaming=False, finalize=True)]
+
     whole_rounds = max(2, args.rounds // 3)
-    for label, first_only, rounds in (("first_chunk", True, args.rounds), ("stream", False, whole_rounds)):
-        runs = {name: partial(stream, name, first_only) for name in variants}
+    workloads = {
+        "first_chunk": (partial(stream, first_only=True), args.rounds),
+        "stream": (partial(stream, first_only=False), whole_rounds),
+        "non_streaming": (non_streaming, whole_rounds),
+    }
+    for label, (run, rounds) in workloads.items():
+        runs = {name: partial(run, name) for name in variants}
         medians, outputs = interleaved(runs, lambda: None, rounds, warm_up=1)
         report[label] = {
             **{f"{name}_s": ms / 1e3 for name, ms in medians.items()},

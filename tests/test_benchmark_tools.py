@@ -154,7 +154,8 @@ def test_traced_flow_replays_the_eager_calls(tiny_model_dir: Path, tmp_path: Pat
     report = _run_script("traced_flow.py", tiny_model_dir, tmp_path, *args)
     assert report["traced"] and report["capture_s"] > 0 and report["rss_after_capture_mib"] > 0
     assert report["first_chunk"]["chunks"] == 1 and report["stream"]["chunks"] > 1
-    for label in ("first_chunk", "stream"):
+    assert report["non_streaming"]["chunks"] == 1
+    for label in ("first_chunk", "stream", "non_streaming"):
         assert report[label]["eager_s"] > 0 and report[label]["traced_s"] > 0
         assert report[label]["max_mel_difference"] == 0.0
 

@@ -50,11 +50,12 @@ class EngineConfig:
     (``benchmarks/traced_decode.py``, docs/benchmarks.md, "Traced decode steps"). Ignored
     elsewhere; where the LM cannot be traced (a compiled one: ``engine_config_for`` turns
     this off), steps run eagerly.
-    ``traced_flow``: on a CPU, replay the flow estimator's incremental streaming calls from
-    four TorchScript traces made at start (``Flow.trace_steps_``): on the full bf16 model a
-    stream's first chunk took 0.32 against 0.41 s and a whole 6 s stream's flow 5.2 against
-    6.2 s, the same bits, for 5.7 s of start-up and about 320 MiB
-    (``benchmarks/traced_flow.py``, docs/benchmarks.md, "Traced streaming flow steps").
+    ``traced_flow``: on a CPU, replay the flow estimator's incremental streaming calls and
+    its non-streaming calls from five TorchScript traces made at start
+    (``Flow.trace_steps_``): on the full bf16 model a stream's first chunk took 0.32 against
+    0.41 s, a whole 6 s stream's flow 5.2 against 6.2 s and a non-streaming request's flow
+    2.4 against 2.7 s, the same bits, for about 7 s of start-up and 400 MiB
+    (``benchmarks/traced_flow.py``, docs/benchmarks.md, "Traced flow steps").
     Ignored elsewhere and with ``flow_cache = "exact"``.
     ``pretouch_mb``: MiB of memory the engine's thread faults in when it starts and keeps
     for its tensors (``cosyserve.memory.pretouch``), so that the first burst of streams'

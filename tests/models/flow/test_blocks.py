@@ -1,12 +1,12 @@
-"""The estimator's convolutions: short inputs as one matrix product, long ones as
-convolutions, the same results either way."""
+"""The estimator's convolutions (short inputs as one matrix product, long ones as
+convolutions, the same results either way) and its Mish."""
 
 import pytest
 import torch
 from torch import nn
 
 from cosyserve.models.flow import blocks
-from cosyserve.models.flow.blocks import GEMM_CONV_ROWS, causal_conv, conv1d, pack_short_convs_
+from cosyserve.models.flow.blocks import GEMM_CONV_ROWS, causal_conv, conv1d, mish, pack_short_convs_
 from cosyserve.models.packed_linear import PackedLinear, packing_available
 
 
@@ -75,3 +75,28 @@ def test_packed_short_convolutions_give_the_same_bits(bias: bool) -> None:
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g.float(), w.float(), rtol=0.02, atol=0.05)
     assert long.shape == (2, 16, GEMM_CONV_ROWS - 2)  # long inputs keep the convolution
+
+
+def _mish_inputs() -> torch.Tensor:
+    torch.manual_seed(0)
+    extremes = torch.tensor([-1e30, -200.0, -50.0, -20.0, -1e-3, 0.0, 1e-3, 19.9, 20.0, 20.1, 50.0, 1e30])
+    return torch.cat([torch.randn(4000) * 6, extremes, torch.tensor([float("inf"), float("nan")])])
+
+
+def test_mish_is_as_close_to_float64_as_torchs() -> None:
+    x = _mish_inputs()
+    exact = torch.nn.functional.mish(x.double())
+    finite = exact.isfinite()
+    ours = mish(x).double()
+    torch_error = (torch.nn.functional.mish(x).double() - exact)[finite].abs().max()
+    assert (ours - exact)[finite].abs().max() <= torch_error
+    assert ours[-2] == float("inf") and ours[-1].isnan()
+
+
+def test_bf16_mish_rounds_once() -> None:
+    """bfloat16 in, bfloat16 out: within half an ulp of the float64 value."""
+    x = _mish_inputs()[:-2].to(torch.bfloat16)
+    got = mish(x)
+    assert got.dtype == torch.bfloat16
+    exact = torch.nn.functional.mish(x.double())
+    torch.testing.assert_close(got.double(), exact, rtol=2**-8, atol=1e-30)

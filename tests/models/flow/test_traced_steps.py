@@ -1,15 +1,17 @@
-"""Incremental streaming with the estimator's calls replayed from traces
-(``Flow.trace_steps_``) gives the eager calls' bits: lone and batched streams, ragged
-batches (attention bias), forks of a primed voice (shared cached positions), float32 and
-packed bfloat16 weights."""
+"""The estimator's calls replayed from traces (``Flow.trace_steps_``) give the eager
+calls' bits: incremental streaming (lone and batched streams, ragged batches with an
+attention bias, forks of a primed voice's shared cached positions) and whole
+non-streaming calls, with float32 and packed bfloat16 weights."""
 
 import copy
 
 import pytest
 import torch
 
+from cosyserve.modeldir.presets import TINY
 from cosyserve.models.flow import Flow
 from cosyserve.models.flow.blocks import pack_short_convs_
+from cosyserve.models.flow.rows import FlowRow, infer_rows
 from cosyserve.models.flow.stream_cache import FlowStreamCache
 from cosyserve.models.packed_linear import PackedLinear, pack_linears_, packing_available
 from tests.models.flow.test_flow_rows import Voice, stream_in_lockstep
@@ -57,6 +59,46 @@ def test_traced_streams_give_the_eager_streams_bits(flow: Flow, dtype: torch.dty
     for g, w in zip(got, want, strict=True):
         assert len(g) == len(w)
         assert all(torch.equal(a, b) for a, b in zip(g, w, strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_traced_whole_calls_give_the_eager_calls_bits(flow: Flow, dtype: torch.dtype) -> None:
+    if dtype == torch.bfloat16 and not packing_available():
+        pytest.skip("this CPU has no oneDNN bfloat16 matmul")
+    eager, traced = _in_dtype(flow, dtype), _in_dtype(flow, dtype)
+    assert traced.trace_steps_()
+    estimator_calls = _count_calls(traced)
+    alone, other = Voice(40, 70, 9), Voice(20, 110, 10)  # 2 x 150 frames each; 2 x 260 frames
+    same_length = [_row(alone), _row(alone, seed=11)]
+    for rows, replayed in [([_row(alone)], True), (same_length, True), ([_row(alone), _row(other)], False)]:
+        estimator_calls.clear()
+        got = infer_rows(traced, rows, streaming=False, finalize=True)
+        want = infer_rows(eager, rows, streaming=False, finalize=True)
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+        # Rows of one length need no attention bias: replayed. Ragged rows run eagerly.
+        assert len(estimator_calls) == (0 if replayed else traced.cfg.cfm.n_timesteps)
+
+
+def _row(voice: Voice, seed: int | None = None) -> FlowRow:
+    tokens = voice.tokens
+    if seed is not None:
+        gen = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, TINY.flow.vocab_size, tokens.shape, generator=gen)
+    return FlowRow(tokens, voice.prompt_token, voice.prompt_feat, voice.embedding)
+
+
+def _count_calls(flow: Flow) -> list[None]:
+    """A list that grows by one per eager call of ``flow``'s estimator."""
+    calls: list[None] = []
+    estimator = flow.cfm.estimator
+    forward = estimator.forward
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(None)
+        return forward(*args, **kwargs)  # type: ignore[arg-type]
+
+    estimator.forward = counted  # type: ignore[method-assign]
+    return calls
 
 
 def _voice(voice: Voice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

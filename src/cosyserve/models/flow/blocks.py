@@ -75,6 +75,20 @@ def pack_short_convs_(module: nn.Module) -> int:
     return len(convs)
 
 
+def mish(x: Tensor) -> Tensor:
+    """``x * tanh(softplus(x))``, computed in float32 and rounded once to ``x``'s dtype.
+
+    With ``e = exp(x)``, ``tanh(log(1 + e)) = n / (n + 2)`` for ``n = e (e + 2)``: one
+    exponential where torch's CPU kernel takes a softplus and a tanh, 2.5x slower (a
+    non-streaming flow's 280 Mish calls on 2 x 256 x 450 bfloat16: 470 against 186 us
+    each on the AMX Xeon). Inputs above 20 are clamped in the exponential only, where
+    ``n / (n + 2)`` is already 1 in float32. Within torch's own error against float64."""
+    f = x.float()
+    e = f.clamp(max=20.0).exp()
+    n = e * (e + 2.0)
+    return (f * (n / (n + 2.0))).to(x.dtype)
+
+
 def causal_conv(conv: nn.Conv1d, x: Tensor, states: LayerStates | None = None) -> Tensor:
     """Apply ``conv`` (no built-in padding) after left-padding ``kernel_size - 1`` zeros,
     so output frame ``t`` depends on input frames ``<= t`` only. ``(B, C, T)`` -> ``(B, C', T)``.
@@ -98,7 +112,7 @@ class CausalBlock(nn.Module):
         """``x``: ``(B, C_in, T)``; ``mask``: ``(B, 1, T)`` float. Returns ``(B, C_out, T)``."""
         h = causal_conv(self.conv, x * mask, states)
         h = self.norm(h.transpose(1, 2)).transpose(1, 2)
-        return F.mish(h) * mask
+        return mish(h) * mask
 
 
 class CausalResnetBlock(nn.Module):
@@ -114,7 +128,7 @@ class CausalResnetBlock(nn.Module):
     def forward(self, x: Tensor, mask: Tensor, time_emb: Tensor, states: LayerStates | None = None) -> Tensor:
         """``x``: ``(B, C_in, T)``; ``mask``: ``(B, 1, T)``; ``time_emb``: ``(B, time_dim)``.
         Returns ``(B, C_out, T)``."""
-        h = self.block1(x, mask, states) + self.time_proj(F.mish(time_emb)).unsqueeze(-1)
+        h = self.block1(x, mask, states) + self.time_proj(mish(time_emb)).unsqueeze(-1)
         out: Tensor = self.block2(h, mask, states)
         residual = conv1d(self.res_conv, x * mask)
         return out + residual

@@ -40,7 +40,7 @@ class CFM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.estimator = estimator
-        # Replays incremental streaming calls of the estimator (set by Flow.trace_steps_).
+        # Replays the estimator's calls (set by Flow.trace_steps_).
         self.traced_steps: TracedSteps | None = None
         # Not persistent: flow.pt does not carry it; it moves with .to(device/dtype).
         self.register_buffer("noise", fixed_noise(channels), persistent=False)
@@ -99,12 +99,11 @@ class CFM(nn.Module):
         t, dt = t_span[0], t_span[1] - t_span[0]
         for step in range(1, len(t_span)):
             inputs = (torch.cat([x, x]), mask2, mu2, t.expand(2 * batch), spks2, cond2)
-            if states is None:
-                velocity = self.estimator(*inputs, bias)
-            elif self.traced_steps is None:
-                velocity = self.estimator(*inputs, bias, states[step - 1])
+            step_states = None if states is None else states[step - 1]
+            if self.traced_steps is None:
+                velocity = self.estimator(*inputs, bias, step_states)
             else:
-                velocity = self.traced_steps(inputs, bias, states[step - 1])
+                velocity = self.traced_steps(inputs, bias, step_states)
             v_cond, v_uncond = velocity.split(batch)
             x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
             t = t + dt

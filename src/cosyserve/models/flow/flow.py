@@ -83,7 +83,7 @@ class Flow(nn.Module):
                 module.fuse_projections_()
 
     def trace_steps_(self) -> bool:
-        """Replay the estimator's incremental streaming calls from TorchScript traces
+        """Replay the estimator's calls from TorchScript traces
         (:mod:`cosyserve.models.flow.traced_steps`), recorded now unless they were already;
         False where the estimator cannot be traced (the calls then run eagerly)."""
         if self.cfm.traced_steps is None:

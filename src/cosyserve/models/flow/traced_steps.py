@@ -1,4 +1,4 @@
-"""The estimator's incremental streaming calls replayed from TorchScript traces (CPU).
+"""The estimator's calls replayed from TorchScript traces (CPU).
 
 A stream's first chunk runs 10 Euler steps of the estimator over about 10 new frames: some
 8,000 small op calls each, whose Python and dispatch cost more than their arithmetic. A
@@ -17,6 +17,14 @@ The sizes of a trace's ops follow its inputs, so one trace serves every batch, c
 cached length; the branches its example took stay fixed, so there is one per branch:
 with or without an attention bias, and convolutions as matrix products or not
 (:data:`~cosyserve.models.flow.blocks.GEMM_CONV_ROWS`).
+
+A fifth trace replays calls without cached state and without an attention bias over
+inputs long enough for real convolutions: a non-streaming request's flow, alone or
+batched with requests of its length (each estimator call took 0.236 against 0.265 s on
+the full model, 3 s of prompt and 6 s of audio, for about 84 MiB). The streaming traces
+could serve those calls with nothing cached, but then copy every layer's keys and values
+into the joined history they attend to, which took most of the gain. Other calls
+without state (several lengths batched, a stream recomputed whole) run eagerly.
 """
 
 import logging
@@ -97,11 +105,12 @@ class _ExampleStates(LayerStates):
 
 
 class _StepModule(nn.Module):
-    """The estimator with its state as inputs and outputs, for tracing."""
+    """The estimator with its state as inputs and outputs (if ``stateful``), for tracing."""
 
-    def __init__(self, estimator: Estimator, with_bias: bool, weights: int) -> None:
+    def __init__(self, estimator: Estimator, stateful: bool, with_bias: bool, weights: int) -> None:
         super().__init__()
         self.estimator = estimator
+        self.stateful = stateful
         self.with_bias = with_bias
         self.weights = weights
         self.calls: list[_Call] = []
@@ -109,9 +118,11 @@ class _StepModule(nn.Module):
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
         """``inputs``: the estimator's ``x, mask, mu, t, spks, cond``, its bias (if
         ``with_bias``), the packed weights (unused here: the tracer records them as
-        inputs), then the layers' cached states."""
+        inputs), then the layers' cached states (if ``stateful``)."""
         x, mask, mu, t, spks, cond, *rest = inputs
         bias = rest[0] if self.with_bias else None
+        if not self.stateful:
+            return (self.estimator(x, mask, mu, t, spks, cond, bias),)
         states = _StateInputs(iter(rest[int(self.with_bias) + self.weights :]))
         velocity = self.estimator(x, mask, mu, t, spks, cond, bias, states)
         self.calls = states.calls
@@ -119,22 +130,25 @@ class _StepModule(nn.Module):
 
 
 class TracedSteps:
-    """Replays :meth:`Estimator.forward` with ``states`` (incremental streaming) from
-    traces; :meth:`capture` records them. Calls where no trace can be made run eagerly."""
+    """Replays :meth:`Estimator.forward` from traces: with ``states`` (incremental
+    streaming), and without them or a bias; :meth:`capture` records them. Calls where no
+    trace can be made run eagerly."""
 
     def __init__(self, estimator: Estimator) -> None:
         self.estimator = estimator
         self._weights = tuple(m.packed for m in estimator.modules() if isinstance(m, PackedLinear))
-        self._traces: dict[tuple[bool, bool], torch.jit.ScriptModule] = {}
+        # Keyed by (stateful, with_bias, gemm_conv).
+        self._traces: dict[tuple[bool, bool, bool], torch.jit.ScriptModule] = {}
         self._calls: list[_Call] = []
 
     def capture(self, dtype: torch.dtype) -> bool:
-        """Record the four traces on examples in ``dtype``; False (and eager calls) if
+        """Record the five traces on examples in ``dtype``; False (and eager calls) if
         TorchScript cannot trace the estimator."""
         try:
             for gemm_conv, frames in _EXAMPLE_FRAMES.items():
                 for with_bias in (False, True):
-                    self._traces[with_bias, gemm_conv] = self._trace(frames, with_bias, dtype)
+                    self._traces[True, with_bias, gemm_conv] = self._trace(frames, True, with_bias, dtype)
+            self._traces[False, False, False] = self._trace(_EXAMPLE_FRAMES[False], False, False, dtype)
         except (RuntimeError, TypeError, AttributeError) as exc:
             reason = type(exc).__name__
             logger.warning("streaming flow steps run eagerly: the estimator could not be traced (%s)", reason)
@@ -142,20 +156,22 @@ class TracedSteps:
             return False
         return True
 
-    def __call__(self, inputs: Sequence[Tensor], bias: Tensor | None, states: LayerStates) -> Tensor:
+    def __call__(self, inputs: Sequence[Tensor], bias: Tensor | None, states: LayerStates | None) -> Tensor:
         """:meth:`Estimator.forward` of ``inputs`` (its ``x, mask, mu, t, spks, cond``),
-        ``bias`` and ``states``: the velocity ``(B, 80, T)``, and the layers' new states
-        written to ``states``."""
+        ``bias`` and ``states`` (None: a call without cached state): the velocity
+        ``(B, 80, T)``, and the layers' new states written to ``states``."""
         x = inputs[0]
         # Every estimator convolution outputs the input's frames: one branch for all.
-        trace = self._traces.get((bias is not None, runs_as_matmul(x.shape[0], x.shape[2])))
+        key = (states is not None, bias is not None, runs_as_matmul(x.shape[0], x.shape[2]))
+        trace = self._traces.get(key)
         if trace is None:
             velocity: Tensor = self.estimator(*inputs, bias, states)
             return velocity
         biases = [] if bias is None else [bias]
-        arguments = [*inputs, *biases, *self._weights, *self._cached(states, x)]
-        outputs: tuple[Tensor, ...] = replay(trace, *arguments)
-        self._store(states, outputs[1:])
+        cached = [] if states is None else self._cached(states, x)
+        outputs: tuple[Tensor, ...] = replay(trace, *inputs, *biases, *self._weights, *cached)
+        if states is not None:
+            self._store(states, outputs[1:])
         return outputs[0]
 
     def _cached(self, states: LayerStates, x: Tensor) -> list[Tensor]:
@@ -184,24 +200,28 @@ class TracedSteps:
                 states.store_context(call.module, outputs[position], call.width)
                 position += 1
 
-    def _trace(self, frames: int, with_bias: bool, dtype: torch.dtype) -> torch.jit.ScriptModule:
+    def _trace(
+        self, frames: int, stateful: bool, with_bias: bool, dtype: torch.dtype
+    ) -> torch.jit.ScriptModule:
         gen = torch.Generator().manual_seed(0)
         batch, mels = 2, self.estimator.in_channels // 4  # its input: [x, mu, spks, cond]
         x, mu, cond = (torch.randn(batch, mels, frames, generator=gen).to(dtype) for _ in range(3))
         mask = torch.ones(batch, 1, frames, dtype=dtype)
         t = torch.full((batch,), 0.5, dtype=dtype)
         spks = torch.randn(batch, mels, generator=gen).to(dtype)
-        bias = torch.zeros(batch, 1, frames, _EXAMPLE_CACHED + frames, dtype=dtype) if with_bias else None
-        example = _ExampleStates(_EXAMPLE_CACHED)
-        self.estimator(x, mask, mu, t, spks, cond, bias, example)
-        if self._calls and self._calls != example.calls:
-            raise RuntimeError("the estimator's layers ran in another order")
-        self._calls = example.calls
-        module = _StepModule(self.estimator, with_bias, len(self._weights))
+        cached = _EXAMPLE_CACHED if stateful else 0
+        bias = torch.zeros(batch, 1, frames, cached + frames, dtype=dtype) if with_bias else None
+        example = _ExampleStates(cached)
+        if stateful:
+            self.estimator(x, mask, mu, t, spks, cond, bias, example)
+            if self._calls and self._calls != example.calls:
+                raise RuntimeError("the estimator's layers ran in another order")
+            self._calls = example.calls
+        module = _StepModule(self.estimator, stateful, with_bias, len(self._weights))
         biases = [] if bias is None else [bias]
         inputs = (x, mask, mu, t, spks, cond, *biases, *self._weights, *example.inputs)
         frozen = trace_frozen(module, inputs)
-        if module.calls != self._calls:
+        if stateful and module.calls != self._calls:
             raise RuntimeError("the traced estimator's layers ran in another order")
         replay(frozen, *inputs)  # the execution plan, built now (see replay)
         return frozen
