@@ -69,6 +69,7 @@ def measure(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
     traced = flow.trace_steps_()
     report: dict[str, Any] = {
         "traced": traced,
+        "traces": 0 if flow.cfm.traced_steps is None else flow.cfm.traced_steps.traces,
         "capture_s": time.perf_counter() - start,
         "rss_before_capture_mib": before,
         "rss_after_capture_mib": read_rss_bytes() / 2**20,

@@ -153,6 +153,7 @@ def test_traced_flow_replays_the_eager_calls(tiny_model_dir: Path, tmp_path: Pat
     args = ("--dtype", "fp32", "--quantize", "none", "--prompt", "30", "--tokens", "60", "--rounds", "3")
     report = _run_script("traced_flow.py", tiny_model_dir, tmp_path, *args)
     assert report["traced"] and report["capture_s"] > 0 and report["rss_after_capture_mib"] > 0
+    assert report["traces"] == 5  # float32: convolutions as products or not
     assert report["first_chunk"]["chunks"] == 1 and report["stream"]["chunks"] > 1
     assert report["non_streaming"]["chunks"] == 1
     for label in ("first_chunk", "stream", "non_streaming"):

@@ -14,7 +14,7 @@ from cosyserve.frontend.features import PromptFeatureExtractor
 from cosyserve.memory import prefetch
 from cosyserve.modeldir.hparams import ModelHParams
 from cosyserve.modeldir.layout import ModelDir
-from cosyserve.models.flow.blocks import pack_short_convs_
+from cosyserve.models.flow.blocks import pack_convs_
 from cosyserve.models.flow.flow import Flow, flow_checkpoint_table
 from cosyserve.models.hift.generator import HiFTGenerator, hift_checkpoint_table
 from cosyserve.models.lm import CosyVoice2LM, lm_checkpoint_table
@@ -97,7 +97,7 @@ def _load_model(path: Path | str, precision: Precision) -> LoadedModel:
         fp16_weights_(flow.cfm.estimator)
     elif precision.flow_dtype == torch.bfloat16 and not precision.on_cuda:
         pack_linears_(flow.cfm.estimator)
-        pack_short_convs_(flow.cfm.estimator)
+        pack_convs_(flow.cfm.estimator)
     hift = HiFTGenerator(hp.hift)
     load_checkpoint(hift, model_dir.hift, hift_checkpoint_table(hp.hift))
     hift.to(precision.torch_device, precision.hift_dtype)

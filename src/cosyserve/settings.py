@@ -114,9 +114,9 @@ class Settings(BaseSettings):
     )
     traced_flow: bool = Field(
         True,
-        description="On a CPU, replay the flow estimator's streaming and non-streaming steps from five "
-        "TorchScript traces made at start: about 10-23 % faster flow, for about 7 s of start-up and 400 MiB "
-        "(full model); ignored on CUDA and with flow_cache exact.",
+        description="On a CPU, replay the flow estimator's streaming and non-streaming steps from "
+        "TorchScript traces made at start: about 10-25 % faster flow, for about 5 s of start-up and 230 MiB "
+        "(full bf16 model); ignored on CUDA and with flow_cache exact.",
     )
     pretouch_mb: int = Field(
         0,

@@ -51,10 +51,10 @@ class EngineConfig:
     elsewhere; where the LM cannot be traced (a compiled one: ``engine_config_for`` turns
     this off), steps run eagerly.
     ``traced_flow``: on a CPU, replay the flow estimator's incremental streaming calls and
-    its non-streaming calls from five TorchScript traces made at start
-    (``Flow.trace_steps_``): on the full bf16 model a stream's first chunk took 0.32 against
-    0.41 s, a whole 6 s stream's flow 5.2 against 6.2 s and a non-streaming request's flow
-    2.4 against 2.7 s, the same bits, for about 7 s of start-up and 400 MiB
+    its non-streaming calls from TorchScript traces made at start (``Flow.trace_steps_``;
+    three for a bf16 flow): on the full bf16 model a stream's first chunk took 0.31 against
+    0.42 s, a whole 6 s stream's flow 4.6 against 5.7 s and a non-streaming request's flow
+    2.4 against 2.6 s, the same bits, for 4.5 s of start-up and about 230 MiB
     (``benchmarks/traced_flow.py``, docs/benchmarks.md, "Traced flow steps").
     Ignored elsewhere and with ``flow_cache = "exact"``.
     ``pretouch_mb``: MiB of memory the engine's thread faults in when it starts and keeps

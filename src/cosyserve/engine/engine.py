@@ -100,7 +100,7 @@ class Engine:
             # On a thread that then exits, as the decode traces above.
             threads = torch.get_num_threads()
             traced = call_on_own_thread(flow.trace_steps_, threads=threads, name="cosyserve-trace")
-            logger.info("streaming flow steps %s", "traced for replay" if traced else "run eagerly")
+            logger.info("flow steps %s", "traced for replay" if traced else "run eagerly")
         prompt_cache = None
         if config.flow_prompt_cache_mb > 0 and config.flow_cache != "exact":
             prompt_cache = FlowPromptCache(flow, config.flow_prompt_cache_mb << 20, config.flow_prompt_whole)

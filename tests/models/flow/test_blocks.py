@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from cosyserve.models.flow import blocks
-from cosyserve.models.flow.blocks import GEMM_CONV_ROWS, causal_conv, conv1d, mish, pack_short_convs_
+from cosyserve.models.flow.blocks import GEMM_CONV_ROWS, causal_conv, conv1d, mish, pack_convs_
 from cosyserve.models.packed_linear import PackedLinear, packing_available
 
 
@@ -59,22 +59,29 @@ def test_bf16_short_convolution_stays_close() -> None:
 
 @pytest.mark.skipif(not packing_available(), reason="this CPU has no oneDNN bfloat16 matmul")
 @pytest.mark.parametrize("bias", [True, False])
-def test_packed_short_convolutions_give_the_same_bits(bias: bool) -> None:
+def test_packed_convolutions_run_as_the_product(bias: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Packed weights give the unpacked product's bits, short inputs and long ones alike
+    (more rows than GEMM_CONV_ROWS), and never call torch's convolution."""
     module = nn.Sequential(_conv(24, 16, 3, bias), _conv(16, 16, 1, bias)).to(torch.bfloat16)
-    inputs = [
-        torch.randn(batch, 24, frames, dtype=torch.bfloat16) for batch, frames in ((1, 3), (2, 12), (2, 40))
-    ]
+    shapes = ((1, 3), (2, 12), (2, 40), (2, 2 * GEMM_CONV_ROWS))
+    inputs = [torch.randn(batch, 24, frames, dtype=torch.bfloat16) for batch, frames in shapes]
     with torch.inference_mode():
         want = [module[1](module[0](x)) for x in inputs]  # torch's convolutions
-        unpacked = [conv1d(module[1], conv1d(module[0], x)) for x in inputs]
-        assert pack_short_convs_(module) == 2
+        with monkeypatch.context() as patch:
+            patch.setattr(blocks, "GEMM_CONV_ROWS", 10**9)
+            unpacked = [conv1d(module[1], conv1d(module[0], x)) for x in inputs]
+        assert pack_convs_(module) == 2
         assert isinstance(module[0].gemm, PackedLinear)
+        for conv in module:
+            monkeypatch.setattr(conv, "forward", _no_convolution)
         got = [conv1d(module[1], conv1d(module[0], x)) for x in inputs]
-        long = conv1d(module[0], torch.randn(2, 24, GEMM_CONV_ROWS, dtype=torch.bfloat16))
     assert all(torch.equal(g, u) for g, u in zip(got, unpacked, strict=True))
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g.float(), w.float(), rtol=0.02, atol=0.05)
-    assert long.shape == (2, 16, GEMM_CONV_ROWS - 2)  # long inputs keep the convolution
+
+
+def _no_convolution(x: torch.Tensor) -> torch.Tensor:
+    raise AssertionError("torch's convolution ran")
 
 
 def _mish_inputs() -> torch.Tensor:

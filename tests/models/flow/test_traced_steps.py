@@ -10,7 +10,7 @@ import torch
 
 from cosyserve.modeldir.presets import TINY
 from cosyserve.models.flow import Flow
-from cosyserve.models.flow.blocks import pack_short_convs_
+from cosyserve.models.flow.blocks import pack_convs_
 from cosyserve.models.flow.rows import FlowRow, infer_rows
 from cosyserve.models.flow.stream_cache import FlowStreamCache
 from cosyserve.models.packed_linear import PackedLinear, pack_linears_, packing_available
@@ -21,7 +21,7 @@ def _in_dtype(flow: Flow, dtype: torch.dtype) -> Flow:
     copied = copy.deepcopy(flow).to(dtype)
     if dtype == torch.bfloat16:
         pack_linears_(copied.cfm.estimator)
-        pack_short_convs_(copied.cfm.estimator)
+        pack_convs_(copied.cfm.estimator)
     return copied
 
 
@@ -43,8 +43,12 @@ def test_traced_streams_give_the_eager_streams_bits(flow: Flow, dtype: torch.dty
         pytest.skip("this CPU has no oneDNN bfloat16 matmul")
     eager, traced = _in_dtype(flow, dtype), _in_dtype(flow, dtype)
     assert traced.trace_steps_()
+    assert traced.cfm.traced_steps is not None
     if dtype == torch.bfloat16:
         assert any(isinstance(m, PackedLinear) for m in traced.modules())
+    # Streaming: with and without a bias, and float32's convolutions as products or not;
+    # one more for whole calls.
+    assert traced.cfm.traced_steps.traces == (3 if dtype == torch.bfloat16 else 5)
     # Replays never run the estimator's Python.
     traced.cfm.estimator.forward = _not_called  # type: ignore[method-assign]
     voices = [Voice(53, 80, 5), Voice(13, 71, 6), Voice(20, 64, 7), Voice(53, 58, 8)]

@@ -15,11 +15,13 @@ from cosyserve.models.flow.stream_cache import LayerStates
 from cosyserve.models.linear import stacked_linear
 from cosyserve.models.packed_linear import PackedLinear, packing_available
 
-# Output rows (batch x frames) up to which a convolution runs as one matrix product over
-# its unfolded input. A stream's chunk through the estimator is 20 rows (10 frames, both
-# CFG branches), where torch's CPU convolution costs 240-570 us a call and the product
-# 120-400 us (docs/benchmarks.md, "Short convolutions"); from about 100 rows on the two
-# are even, and at 900 rows (a non-streaming request) the convolution is 1.2-1.35x faster.
+# Output rows (batch x frames) up to which a convolution without packed weights runs as one
+# matrix product over its unfolded input. A stream's chunk through the estimator is 20 rows
+# (10 frames, both CFG branches), where torch's CPU convolution costs 240-570 us a call and
+# the product 120-400 us (docs/benchmarks.md, "Short convolutions"); from about 100 rows on
+# the two are even, and at 900 rows (a non-streaming request) the convolution is
+# 1.2-1.35x faster (float32 on a Zen 3). Packed weights (:func:`pack_convs_`) always run
+# as the product.
 GEMM_CONV_ROWS = 64
 
 
@@ -27,14 +29,14 @@ def conv1d(conv: nn.Conv1d, x: Tensor) -> Tensor:
     """``conv`` (stride 1, no padding, dilation 1, one group, as every flow convolution)
     over ``x`` ``(B, C_in, L)`` -> ``(B, C_out, L - k + 1)``.
 
-    Up to :data:`GEMM_CONV_ROWS` output rows it is one ``linear`` over the unfolded input
-    with the convolution's own weight viewed as ``(C_out, C_in * k)``: the same sums, and
-    no copy of the weight, or with that view packed for oneDNN once (``conv.gemm``, see
-    :func:`pack_short_convs_`). The output is then a transposed view of ``(B, T, C_out)``."""
+    Where :func:`runs_as_matmul` says so it is one ``linear`` over the unfolded input with
+    the convolution's own weight viewed as ``(C_out, C_in * k)``: the same sums, and no
+    copy of the weight, or with that view packed for oneDNN once (``conv.gemm``, see
+    :func:`pack_convs_`). The output is then a transposed view of ``(B, T, C_out)``."""
     batch, channels, length = x.shape
     kernel = conv.kernel_size[0]
     frames = length - kernel + 1
-    if not runs_as_matmul(batch, frames):
+    if not runs_as_matmul(conv, batch, frames):
         y: Tensor = conv(x)
         return y
     # (B, C, T, k) -> (B, T, C, k): column c * k + j holds input channel c at shift j, as
@@ -48,20 +50,24 @@ def conv1d(conv: nn.Conv1d, x: Tensor) -> Tensor:
     return out.view(batch, frames, conv.out_channels).transpose(1, 2)
 
 
-def runs_as_matmul(batch: int, frames: int) -> bool:
-    """Whether :func:`conv1d` runs ``batch`` rows of ``frames`` output frames as one matrix
-    product (up to :data:`GEMM_CONV_ROWS` output rows) rather than as a convolution."""
-    return batch * frames <= GEMM_CONV_ROWS
+def runs_as_matmul(conv: nn.Conv1d, batch: int, frames: int) -> bool:
+    """Whether :func:`conv1d` runs ``conv`` over ``batch`` rows of ``frames`` output frames
+    as one matrix product rather than as a convolution: always with packed weights (see
+    :func:`pack_convs_`), else up to :data:`GEMM_CONV_ROWS` output rows."""
+    return isinstance(getattr(conv, "gemm", None), PackedLinear) or batch * frames <= GEMM_CONV_ROWS
 
 
-def pack_short_convs_(module: nn.Module) -> int:
+def pack_convs_(module: nn.Module) -> int:
     """Give every bfloat16 CPU ``nn.Conv1d`` under ``module`` a ``gemm``: its weight viewed as
     ``(C_out, C_in * k)`` and packed for oneDNN (:class:`PackedLinear`), which
-    :func:`conv1d` uses for its short inputs, with the same results as ``F.linear`` on the
-    view (a contiguous input). The packed copy is kept beside the weight, which long inputs'
-    convolutions read: 12 MiB on the full model's estimator. A stream's first chunk (46
-    short convolutions in each of 10 Euler steps) no longer reorders the weights on every
-    call. Returns how many; none where :func:`packing_available` says no."""
+    :func:`conv1d` then runs every input through, with the same results as ``F.linear`` on
+    the view (a contiguous input). The packed copy is kept beside the weight: 12 MiB on the
+    full model's estimator. A stream's first chunk (46 short convolutions in each of 10
+    Euler steps) no longer reorders the weights on every call; a non-streaming flow's
+    900-row convolutions took 4 % less of the whole flow than torch's convolution (2.72-2.85
+    against 2.83-3.01 s, interleaved, on the AMX Xeon), and their outputs come out as
+    ``(B, T, C)``, which the layer norms and transformer blocks after them read without a
+    copy. Returns how many; none where :func:`packing_available` says no."""
     if not packing_available():
         return 0
     convs = [m for m in module.modules() if isinstance(m, nn.Conv1d) and m.weight.dtype == torch.bfloat16]

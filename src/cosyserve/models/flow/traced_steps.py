@@ -15,16 +15,17 @@ a trace cannot hold oneDNN's opaque tensors as constants.
 
 The sizes of a trace's ops follow its inputs, so one trace serves every batch, chunk and
 cached length; the branches its example took stay fixed, so there is one per branch:
-with or without an attention bias, and convolutions as matrix products or not
-(:data:`~cosyserve.models.flow.blocks.GEMM_CONV_ROWS`).
+with or without an attention bias, and, where the convolutions' weights are not packed
+(float32), convolutions as matrix products or not
+(:func:`~cosyserve.models.flow.blocks.runs_as_matmul`): two or four traces.
 
-A fifth trace replays calls without cached state and without an attention bias over
-inputs long enough for real convolutions: a non-streaming request's flow, alone or
-batched with requests of its length (each estimator call took 0.236 against 0.265 s on
-the full model, 3 s of prompt and 6 s of audio, for about 84 MiB). The streaming traces
-could serve those calls with nothing cached, but then copy every layer's keys and values
-into the joined history they attend to, which took most of the gain. Other calls
-without state (several lengths batched, a stream recomputed whole) run eagerly.
+One more replays calls without cached state and without an attention bias over long
+inputs: a non-streaming request's flow, alone or batched with requests of its length
+(each estimator call took 0.236 against 0.265 s on the full model, 3 s of prompt and 6 s
+of audio, for about 84 MiB). The streaming traces could serve those calls with nothing
+cached, but then copy every layer's keys and values into the joined history they attend
+to, which took most of the gain. Other calls without state (several lengths batched, a
+stream recomputed whole) run eagerly.
 """
 
 import logging
@@ -42,10 +43,11 @@ from cosyserve.models.torchscript import replay, trace_frozen
 
 logger = logging.getLogger(__name__)
 
-# The example a trace is recorded on: cached positions, and new frames per branch (a
-# first chunk's, and a later chunk's, whose convolutions are not matrix products).
+# The examples traces are recorded on: cached positions, and new frames (a first chunk's,
+# then a later chunk's, whose unpacked convolutions are not matrix products).
 _EXAMPLE_CACHED = 50
-_EXAMPLE_FRAMES = {True: 10, False: 50}
+_EXAMPLE_FRAMES = (10, 50)
+_EXAMPLE_BATCH = 2
 
 
 @dataclass(frozen=True)
@@ -137,32 +139,41 @@ class TracedSteps:
     def __init__(self, estimator: Estimator) -> None:
         self.estimator = estimator
         self._weights = tuple(m.packed for m in estimator.modules() if isinstance(m, PackedLinear))
-        # Keyed by (stateful, with_bias, gemm_conv).
-        self._traces: dict[tuple[bool, bool, bool], torch.jit.ScriptModule] = {}
+        self._convs = [m for m in estimator.modules() if isinstance(m, nn.Conv1d)]
+        # Keyed by (stateful, with_bias, each convolution's branch).
+        self._traces: dict[tuple[bool, bool, tuple[bool, ...]], torch.jit.ScriptModule] = {}
         self._calls: list[_Call] = []
 
     def capture(self, dtype: torch.dtype) -> bool:
-        """Record the five traces on examples in ``dtype``; False (and eager calls) if
+        """Record the traces on examples in ``dtype``; False (and eager calls) if
         TorchScript cannot trace the estimator."""
+        examples = {self._branches(_EXAMPLE_BATCH, frames): frames for frames in _EXAMPLE_FRAMES}
         try:
-            for gemm_conv, frames in _EXAMPLE_FRAMES.items():
+            for branches, frames in examples.items():
                 for with_bias in (False, True):
-                    self._traces[True, with_bias, gemm_conv] = self._trace(frames, True, with_bias, dtype)
-            self._traces[False, False, False] = self._trace(_EXAMPLE_FRAMES[False], False, False, dtype)
+                    self._traces[True, with_bias, branches] = self._trace(frames, True, with_bias, dtype)
+            long = _EXAMPLE_FRAMES[-1]
+            self._traces[False, False, self._branches(_EXAMPLE_BATCH, long)] = self._trace(
+                long, False, False, dtype
+            )
         except (RuntimeError, TypeError, AttributeError) as exc:
             reason = type(exc).__name__
-            logger.warning("streaming flow steps run eagerly: the estimator could not be traced (%s)", reason)
+            logger.warning("flow steps run eagerly: the estimator could not be traced (%s)", reason)
             self._traces.clear()
             return False
         return True
+
+    @property
+    def traces(self) -> int:
+        """How many traces :meth:`capture` recorded."""
+        return len(self._traces)
 
     def __call__(self, inputs: Sequence[Tensor], bias: Tensor | None, states: LayerStates | None) -> Tensor:
         """:meth:`Estimator.forward` of ``inputs`` (its ``x, mask, mu, t, spks, cond``),
         ``bias`` and ``states`` (None: a call without cached state): the velocity
         ``(B, 80, T)``, and the layers' new states written to ``states``."""
         x = inputs[0]
-        # Every estimator convolution outputs the input's frames: one branch for all.
-        key = (states is not None, bias is not None, runs_as_matmul(x.shape[0], x.shape[2]))
+        key = (states is not None, bias is not None, self._branches(x.shape[0], x.shape[2]))
         trace = self._traces.get(key)
         if trace is None:
             velocity: Tensor = self.estimator(*inputs, bias, states)
@@ -173,6 +184,11 @@ class TracedSteps:
         if states is not None:
             self._store(states, outputs[1:])
         return outputs[0]
+
+    def _branches(self, batch: int, frames: int) -> tuple[bool, ...]:
+        """Whether each convolution runs as a matrix product for an input of ``batch`` rows
+        and ``frames`` frames (every estimator convolution outputs its input's frames)."""
+        return tuple(runs_as_matmul(conv, batch, frames) for conv in self._convs)
 
     def _cached(self, states: LayerStates, x: Tensor) -> list[Tensor]:
         """The layers' cached states in call order, as the traces take them."""
@@ -204,7 +220,7 @@ class TracedSteps:
         self, frames: int, stateful: bool, with_bias: bool, dtype: torch.dtype
     ) -> torch.jit.ScriptModule:
         gen = torch.Generator().manual_seed(0)
-        batch, mels = 2, self.estimator.in_channels // 4  # its input: [x, mu, spks, cond]
+        batch, mels = _EXAMPLE_BATCH, self.estimator.in_channels // 4  # its input: [x, mu, spks, cond]
         x, mu, cond = (torch.randn(batch, mels, frames, generator=gen).to(dtype) for _ in range(3))
         mask = torch.ones(batch, 1, frames, dtype=dtype)
         t = torch.full((batch,), 0.5, dtype=dtype)
