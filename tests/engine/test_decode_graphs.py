@@ -123,6 +123,23 @@ def test_a_traced_step_computes_what_the_static_step_computes(lm: CosyVoice2LM) 
 
 
 @torch.inference_mode()
+def test_traces_captured_on_an_empty_cache_replay_each_steps_buffers(lm: CosyVoice2LM) -> None:
+    """Captured first, as the engine does: the scratch slot is slot 0, so the tokens and
+    slots buffers both hold zeros when traced, which freezing would pool into one constant
+    were they not the traces' inputs (a lone row then replayed the captured token)."""
+    cache = KVCache.for_config(CFG.qwen, 4, 128)
+    graphs = DecodeGraphs.for_engine(lm, cache, TraceCapture(lm), max_batch=4)
+    eager_cache, slots = _prefilled(lm, 3, 128)
+    for slot in slots:
+        assert cache.allocate() == slot
+        cache.load_prefix(slot, *eager_cache.read(slot, 0, eager_cache.length(slot)))
+    gen = torch.Generator().manual_seed(5)
+    for active in ([0], [2], [1, 2], [1], [0, 1, 2]):
+        tokens = torch.randint(1, CFG.speech_token_size, (len(active),), generator=gen)
+        assert torch.equal(graphs.decode(tokens, active), lm.decode(tokens, active, eager_cache)), active
+
+
+@torch.inference_mode()
 def test_shape_free_steps_give_back_the_slot_their_captures_wrote(lm: CosyVoice2LM) -> None:
     cache = KVCache.for_config(CFG.qwen, 2, 128)
     graphs = DecodeGraphs.for_engine(lm, cache, TraceCapture(lm), max_batch=2)
@@ -141,9 +158,9 @@ def test_a_trace_runs_once_when_it_is_captured(lm: CosyVoice2LM, monkeypatch: py
             super().__init__()
             self.module = module
 
-        def forward(self, shape: torch.Tensor) -> torch.Tensor:
+        def forward(self, shape: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
             runs.append(self.module)
-            out: torch.Tensor = self.module(shape)
+            out: torch.Tensor = self.module(shape, *inputs)
             return out
 
     monkeypatch.setattr(torch.jit, "trace", lambda module, *args, **kwargs: Counted(module))
