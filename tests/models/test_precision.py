@@ -27,7 +27,12 @@ from cosyserve.models.precision import (
     Quantization,
     require_torchao,
 )
-from cosyserve.models.quantize import Fp16WeightLinear, Int8WeightOnlyLinear, int4_group_size
+from cosyserve.models.quantize import (
+    Fp16WeightLinear,
+    Int8DynamicLinear,
+    Int8WeightOnlyLinear,
+    int4_group_size,
+)
 from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
 from cosyserve.pipeline.synthesizer import Synthesizer
 from cosyserve.weights.checkpoint import read_state_dict
@@ -197,15 +202,23 @@ def test_bf16_runs_lm_and_flow_in_bf16_and_keeps_hift_float32(models: dict[str, 
 
 
 @pytest.mark.parametrize("key", ["fp32+int8", "fp32+int8wo", "bf16+int8"])
-def test_int8_quantizes_only_the_decoder_layers(models: dict[str, LoadedModel], key: str) -> None:
+def test_int8_quantizes_the_decoder_layers_and_the_dynamic_speech_head(
+    models: dict[str, LoadedModel], key: str
+) -> None:
     model, ref = models[key], models["fp32"]
     linears = [m for m in model.lm.qwen.layers.modules() if isinstance(m, nn.Linear)]
     assert not linears, "every decoder-layer Linear is replaced"
     if key.endswith("int8wo"):
         assert sum(isinstance(m, Int8WeightOnlyLinear) for m in model.lm.modules()) == 7 * 2
-    # Activations stay float32 for the CPU int8 kernels; embeddings and head are untouched.
+        head = "llm_decoder.weight"
+        assert torch.equal(model.lm.get_parameter(head), ref.lm.get_parameter(head))
+    else:
+        # 4 stacked Linears per layer, and the speech head.
+        assert isinstance(model.lm.llm_decoder, Int8DynamicLinear)
+        assert sum(isinstance(m, Int8DynamicLinear) for m in model.lm.modules()) == 4 * 2 + 1
+    # Activations stay float32 for the CPU int8 kernels; the embeddings are untouched.
     assert model.precision.lm_dtype == model.precision.kv_cache_dtype == torch.float32
-    for name in ("qwen.embed_tokens.weight", "speech_embedding.weight", "llm_decoder.weight"):
+    for name in ("qwen.embed_tokens.weight", "speech_embedding.weight"):
         assert torch.equal(model.lm.get_parameter(name), ref.lm.get_parameter(name))
     flow_dtype = torch.bfloat16 if key.startswith("bf16") else torch.float32
     assert model.flow.speaker_proj.weight.dtype == flow_dtype

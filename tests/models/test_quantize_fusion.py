@@ -49,6 +49,11 @@ def test_int8_stacks_projections_and_matches_separate_quantized_linears(tiny_mod
             if isinstance(child, ao_linear):
                 setattr(parent, name, Int8DynamicLinear.from_ao(child))
     reference.qwen.layers = separate
+    # The speech head is quantized too (quantize_lm_), as torch quantizes a Linear.
+    assert isinstance(model.lm.llm_decoder, Int8DynamicLinear)
+    head = nn.Sequential(reference.llm_decoder)
+    quantize_dynamic(head, {nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
+    reference.llm_decoder = Int8DynamicLinear.from_ao(head[0])
     gen = torch.Generator().manual_seed(5)
     tokens = torch.randint(0, reference.cfg.speech_token_size, (12,), generator=gen)
     with torch.inference_mode():

@@ -39,7 +39,7 @@ class LMRunner:
         self.stats = stats
         self.prefix_cache = prefix_cache
         self.decode_graphs = decode_graphs
-        self._device = lm.llm_decoder.weight.device
+        self._device = lm.speech_embedding.weight.device
 
     @torch.inference_mode()
     def start_segment(self, request: Request) -> None:

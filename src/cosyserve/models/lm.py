@@ -64,18 +64,19 @@ class CosyVoice2LM(nn.Module):
         as the row-major weight (2.3 -> 1.2 ms at batch 1), and whole decode steps took
         6 % (batch 1) and 10 % (batch 2) less time, with no loss at batch 8. Other dtypes
         showed no difference and are left as they are."""
-        weight = self.llm_decoder.weight
-        if weight.dtype == torch.float32 and weight.device.type == "cpu":
+        weight = getattr(self.llm_decoder, "weight", None)  # an int8 head has none
+        if isinstance(weight, torch.Tensor) and weight.dtype == torch.float32 and weight.device.type == "cpu":
             self.llm_decoder.weight = nn.Parameter(weight.detach().t().contiguous().t(), requires_grad=False)
 
     def speech_log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """Head on final hidden states (..., H): float32 log-probs (..., 6564)."""
         rows = hidden.reshape(-1, hidden.shape[-1])  # (N, H)
         n = rows.shape[0]
-        if n == 1:
+        if n == 1 and isinstance(self.llm_decoder, nn.Linear):
             # One row takes the matrix-vector kernel, whose sums differ from the matrix
             # kernel's (by about 1e-7): with a copy beside it, a row gets the same log-probs
-            # alone as in any batch, for 0.2 ms of a batch-1 step.
+            # alone as in any batch, for 0.2 ms of a batch-1 step. An int8 head's rows are
+            # their own in any batch (quantize.Int8DynamicLinear).
             rows = rows.repeat(2, 1)
         logits: torch.Tensor = self.llm_decoder(rows)[:n]
         return logits.float().log_softmax(-1).view(*hidden.shape[:-1], -1)
