@@ -16,6 +16,7 @@ from cosyserve.models.sampling import (
     ras_draw,
     sample_token,
     sample_tokens,
+    stable_top_k,
 )
 from tests.upstream import upstream
 
@@ -253,3 +254,19 @@ def test_invalid_limits_are_request_errors(lo: int, hi: int) -> None:
 def test_invalid_sampling_options_are_request_errors(cfg: SamplingConfig) -> None:
     with pytest.raises(InvalidRequestError, match="invalid sampling options"):
         sample_token(torch.zeros(V), [], torch.Generator(), LengthLimits.for_text(1, LM), cfg)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_stable_top_k_is_the_stable_sorts_head(dtype: torch.dtype) -> None:
+    """Ties (coarse logits), zeros (masked ids) and a row of one value keep id order."""
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(6, V, generator=gen, dtype=dtype)
+    logits[1] = torch.round(logits[1] * 2) / 2  # many equal probabilities
+    logits[2, ::3] = float("-inf")  # zeros
+    logits[3] = 0.0  # every probability equal
+    logits[4, :30] = 5.0  # the top k all tied, more of them than k
+    probs = logits.softmax(-1)
+    want_values, want_ids = probs.sort(dim=-1, descending=True, stable=True)
+    for k in (1, 25, 40):
+        values, ids = stable_top_k(probs, k)
+        assert torch.equal(ids, want_ids[:, :k]) and torch.equal(values, want_values[:, :k])
