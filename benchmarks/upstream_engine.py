@@ -521,6 +521,13 @@ def main() -> None:
     )
     parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
     parser.add_argument("--sides", default="upstream,ours", help="comma-separated: upstream, ours")
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=0.0,
+        help="seconds of idle before each side (run 46: our side measured 0.9 s slower "
+        "non-streaming right after upstream's bursts than alone)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the reports and ratios here")
     parser.add_argument("--worker", choices=SIDES, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -534,7 +541,12 @@ def main() -> None:
         parser.error(f"--sides takes {', '.join(SIDES)}")
     uptime = Path("/proc/loadavg").read_text().strip() if Path("/proc/loadavg").exists() else "n/a"
     _progress(f"load average before: {uptime}")
-    reports = {side: _run_side(side, args) for side in sides}
+    reports = {}
+    for side in sides:
+        if args.settle_s > 0:
+            _progress(f"{args.settle_s:g} s idle before {side}")
+            time.sleep(args.settle_s)
+        reports[side] = _run_side(side, args)
     ratios = _ratios(reports) if len(reports) == 2 else None
     print(
         f"{args.tokens} tokens ({args.tokens / 25:.2f} s of audio) per request, {args.streams} streams, "
