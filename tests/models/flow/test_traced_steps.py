@@ -25,6 +25,15 @@ def _in_dtype(flow: Flow, dtype: torch.dtype) -> Flow:
     return copied
 
 
+def _eager_and_traced(flow: Flow, dtype: torch.dtype) -> tuple[Flow, Flow]:
+    """Two copies of ``flow`` in ``dtype``, the second with its estimator calls traced."""
+    if dtype == torch.bfloat16 and not packing_available():
+        pytest.skip("this CPU has no oneDNN bfloat16 matmul")
+    eager, traced = _in_dtype(flow, dtype), _in_dtype(flow, dtype)
+    assert traced.trace_steps_()
+    return eager, traced
+
+
 def _lockstep(
     flow: Flow, voices: list[Voice], hops: list[int | None], primed: FlowStreamCache
 ) -> list[list[torch.Tensor]]:
@@ -39,10 +48,7 @@ def _lockstep(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_traced_streams_give_the_eager_streams_bits(flow: Flow, dtype: torch.dtype) -> None:
-    if dtype == torch.bfloat16 and not packing_available():
-        pytest.skip("this CPU has no oneDNN bfloat16 matmul")
-    eager, traced = _in_dtype(flow, dtype), _in_dtype(flow, dtype)
-    assert traced.trace_steps_()
+    eager, traced = _eager_and_traced(flow, dtype)
     assert traced.cfm.traced_steps is not None
     if dtype == torch.bfloat16:
         assert any(isinstance(m, PackedLinear) for m in traced.modules())
@@ -67,12 +73,9 @@ def test_traced_streams_give_the_eager_streams_bits(flow: Flow, dtype: torch.dty
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_traced_whole_calls_give_the_eager_calls_bits(flow: Flow, dtype: torch.dtype) -> None:
-    if dtype == torch.bfloat16 and not packing_available():
-        pytest.skip("this CPU has no oneDNN bfloat16 matmul")
-    eager, traced = _in_dtype(flow, dtype), _in_dtype(flow, dtype)
-    assert traced.trace_steps_()
+    eager, traced = _eager_and_traced(flow, dtype)
     estimator_calls = _count_calls(traced)
-    alone, other = Voice(40, 70, 9), Voice(20, 110, 10)  # 2 x 150 frames each; 2 x 260 frames
+    alone, other = Voice(40, 70, 9), Voice(20, 110, 10)  # 220 frames each; 260 frames
     same_length = [_row(alone), _row(alone, seed=11)]
     for rows, replayed in [([_row(alone)], True), (same_length, True), ([_row(alone), _row(other)], False)]:
         estimator_calls.clear()
