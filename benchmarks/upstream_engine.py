@@ -525,8 +525,8 @@ def main() -> None:
         "--settle-s",
         type=float,
         default=0.0,
-        help="seconds of idle before each side (run 46: our side measured 0.9 s slower "
-        "non-streaming right after upstream's bursts than alone)",
+        help="seconds of idle before each side, for a side that should start on a machine that "
+        "has idled (run 48 in docs/benchmarks.md: it did not change our side's numbers)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the reports and ratios here")
     parser.add_argument("--worker", choices=SIDES, default=None, help=argparse.SUPPRESS)
