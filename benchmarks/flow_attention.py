@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from bench_args import add_workload_args  # benchmarks/, the script's own directory
 from flow_streaming import load_flow  # benchmarks/, the script's own directory
 from torch import Tensor
 
@@ -33,8 +34,7 @@ def main() -> None:
     )
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("--sharpen", default="1,4", help="comma-separated query-weight factors")
-    parser.add_argument("--prompt", type=int, default=75, help="prompt speech tokens (3 s)")
-    parser.add_argument("--tokens", type=int, default=150, help="speech tokens (6 s of audio)")
+    add_workload_args(parser)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     print(f"torch threads {torch.get_num_threads()}, torch {torch.__version__}")

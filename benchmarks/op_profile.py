@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_args import model_parser  # benchmarks/ is on the path when run as a script
+from bench_args import add_workload_args, model_parser  # benchmarks/ is on the path when run as a script
 from roofline import flop_counts, measure_peaks
 from torch.profiler import ProfilerActivity, profile
 
@@ -70,9 +70,7 @@ class Workload:
 
 def main() -> None:
     parser = model_parser(__doc__)
-    parser.add_argument("--prompt", type=int, default=75, help="prompt speech tokens (3 s)")
-    parser.add_argument("--tokens", type=int, default=150, help="speech tokens (6 s of audio)")
-    parser.add_argument("--first-hop", type=int, default=5)
+    add_workload_args(parser, first_hop=True)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="also time a compiled estimator call")
     parser.add_argument("--json", type=Path)

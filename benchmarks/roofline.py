@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_args import add_workload_args  # benchmarks/ is on the path when run as a script
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -46,8 +47,7 @@ def main() -> None:
     )
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("--text", type=int, default=30)
-    parser.add_argument("--prompt", type=int, default=75, help="prompt speech tokens (3 s)")
-    parser.add_argument("--tokens", type=int, default=150, help="speech tokens (6 s of audio)")
+    add_workload_args(parser)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     parser.add_argument("--times", type=Path, default=None, help="precision_quality.py JSON")
     parser.add_argument("--out", type=Path, default=None)

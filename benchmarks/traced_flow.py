@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_args import model_parser  # benchmarks/ is on the path when run as a script
+from bench_args import add_workload_args, model_parser  # benchmarks/ is on the path when run as a script
 from interleave import interleaved
 
 from cosyserve.loader import LoadedModel, load_model
@@ -39,9 +39,7 @@ from cosyserve.server.watchdog import read_rss_bytes
 
 def main() -> None:
     parser = model_parser(__doc__)
-    parser.add_argument("--prompt", type=int, default=75, help="prompt speech tokens (3 s)")
-    parser.add_argument("--tokens", type=int, default=150, help="speech tokens (6 s of audio)")
-    parser.add_argument("--first-hop", type=int, default=5)
+    add_workload_args(parser, first_hop=True)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
