@@ -198,6 +198,10 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     config = engine_config_for(model, max_active=max(8, args.streams), max_waiting=args.streams)
     if args.flow_cache is not None:
         config = dataclasses.replace(config, flow_cache=args.flow_cache)
+    if args.flow_cache_compact is not None:
+        config = dataclasses.replace(config, flow_cache_compact=args.flow_cache_compact)
+    if args.flow_stream_rows is not None:
+        config = dataclasses.replace(config, flow_stream_rows=args.flow_stream_rows)
     config = dataclasses.replace(
         config,
         flow_stream_cache_mb=args.flow_stream_cache_mb,
@@ -236,7 +240,9 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
             asyncio.run(synthesize(texts.warm_up, True, args.tokens))
         peaks = _loaded()
         _progress("ours: non-streaming")
+        non_stream_stats = [engine.engine.stats.snapshot()]
         _, non_stream_s, samples = asyncio.run(synthesize(texts.non_stream, False, args.tokens))
+        non_stream_stats.append(engine.engine.stats.snapshot())
         _progress("ours: streaming")
         first_audio_s, stream_s, _ = asyncio.run(synthesize(texts.stream, True, args.tokens))
         single_peak = _phase_peak()
@@ -261,6 +267,8 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     report |= {
         "pretouch_mb": config.pretouch_mb,
         "flow_prompt_whole": config.flow_prompt_whole,
+        "flow_cache_compact": config.flow_cache_compact,
+        "flow_stream_rows": config.flow_stream_rows,
         "traced_decode": config.traced_decode,
         "traced_flow": config.traced_flow,
     }
@@ -277,10 +285,15 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         "hift_calls",
         "hift_rows",
     ]
+
+    def spent(before: Any, after: Any) -> dict[str, float]:
+        return {key: getattr(after, key) - getattr(before, key) for key in stages}
+
     intervals = itertools.pairwise(snapshots)
     for burst_report, (before, after) in zip(report["streams_bursts"], intervals, strict=True):
-        burst_report["engine"] = {key: getattr(after, key) - getattr(before, key) for key in stages}
+        burst_report["engine"] = spent(before, after)
     report["streams_engine"] = report["streams_bursts"][0]["engine"]
+    report["non_stream_engine"] = spent(*non_stream_stats)
     return report | precision
 
 
@@ -403,6 +416,10 @@ def _run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
     command += ["--pretouch-mb", str(args.pretouch_mb)]
     if args.flow_prompt_whole:
         command.append("--flow-prompt-whole")
+    if args.flow_cache_compact is not None:
+        command.append("--flow-cache-compact" if args.flow_cache_compact else "--no-flow-cache-compact")
+    if args.flow_stream_rows is not None:
+        command += ["--flow-stream-rows", str(args.flow_stream_rows)]
     command.append("--traced-decode" if args.traced_decode else "--no-traced-decode")
     command.append("--traced-flow" if args.traced_flow else "--no-traced-flow")
     command += ["--dtype", args.dtype, "--quantize", args.quantize, "--flow-quantize", args.flow_quantize]
@@ -486,6 +503,20 @@ def main() -> None:
         "--flow-prompt-whole",
         action="store_true",
         help="ours only: EngineConfig.flow_prompt_whole (prime voice prompts through their last block)",
+    )
+    parser.add_argument(
+        "--flow-cache-compact",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ours only: EngineConfig.flow_cache_compact (streams keep the estimator attention layers' "
+        "inputs, not their keys and values; default: the engine's)",
+    )
+    parser.add_argument(
+        "--flow-stream-rows",
+        type=int,
+        default=None,
+        help="ours only: EngineConfig.flow_stream_rows (incremental chunks per flow call; "
+        "default: the engine's)",
     )
     parser.add_argument(
         "--traced-decode",

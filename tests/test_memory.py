@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosyserve.memory import PageReleaser, prefetch, release_pages, retain_freed_memory
+from cosyserve.memory import PageReleaser, lazy_zeros, prefetch, release_pages, retain_freed_memory
+from cosyserve.models.kv_cache import KVCache
 
 _ROUNDS = """
 import json, resource, sys, threading
@@ -86,6 +87,31 @@ def _resident_share(tensor: torch.Tensor) -> float:
     vector = (ctypes.c_ubyte * pages)()
     assert libc.mincore(start, pages * mmap.PAGESIZE, vector) == 0, ctypes.get_errno()
     return sum(byte & 1 for byte in vector) / pages
+
+
+def test_lazy_zeros_become_resident_only_where_written() -> None:
+    tensor = lazy_zeros((64, 1024, 256), torch.float32)  # 64 MiB
+    assert tensor.shape == (64, 1024, 256) and tensor.dtype == torch.float32
+    assert _resident_share(tensor) == 0
+    tensor[3] = 1.0  # 1 MiB
+    # Whole pages only (2 MiB where the kernel backs the mapping with huge pages).
+    assert 0 < _resident_share(tensor) <= 1 / 16
+    view = tensor[3:5]
+    del tensor  # the view keeps the mapping
+    assert bool((view[0] == 1).all()) and int(view[1].count_nonzero()) == 0
+
+
+def test_a_cpu_kv_cache_holds_no_memory_before_it_is_written() -> None:
+    cache = KVCache(num_layers=4, num_kv_heads=2, head_dim=64, max_slots=8, max_len=2048)  # 2 x 16 MiB
+    assert _resident_share(cache.k) == 0 and _resident_share(cache.v) == 0
+    slot = cache.allocate()
+    k = torch.ones(4, 10, 2, 64)
+    cache.load_prefix(slot, k, 2 * k)
+    assert 0 < _resident_share(cache.k) <= 1 / 16
+    keys, values = cache.read(slot, 0, 10)
+    assert bool((keys == 1).all()) and bool((values == 2).all())
+    cache.free(slot)
+    assert int(cache.k.count_nonzero()) == int(cache.v.count_nonzero()) == 0
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")

@@ -101,6 +101,17 @@ class Settings(BaseSettings):
         description="MiB the streams' incremental flow caches may hold together; a stream that "
         "does not fit recomputes each chunk (as flow_cache exact); 0: no bound.",
     )
+    flow_cache_compact: bool = Field(
+        True,
+        description="Streams' incremental flow caches keep the estimator attention layers' inputs and "
+        "recompute their keys and values each chunk: about a quarter of the memory, the same output.",
+    )
+    flow_stream_rows: int = Field(
+        2,
+        ge=0,
+        description="Incremental streaming chunks per flow call; fewer hold less memory at once "
+        "(on a CPU, batching more is no faster); 0: no bound.",
+    )
     cuda_graphs: bool = Field(
         True,
         description="On a CUDA device, replay LM decode steps from CUDA graphs captured at start; "

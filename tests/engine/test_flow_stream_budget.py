@@ -33,7 +33,8 @@ def _specs(model: LoadedModel, count: int) -> list[GenerationSpec]:
 
 
 def _need(model: LoadedModel, spec: GenerationSpec) -> int:
-    return model.flow.stream_cache_bytes(int(spec.flow_prompt_tokens.numel()) + TOKENS)
+    tokens = int(spec.flow_prompt_tokens.numel()) + TOKENS
+    return model.flow.stream_cache_bytes(tokens, EngineConfig().flow_cache_compact)
 
 
 def _engine(model: LoadedModel, mode: FlowCacheMode, budget_mb: int) -> Engine:

@@ -12,6 +12,7 @@ from cosyserve.engine.engine import Engine
 from cosyserve.engine.request import GenerationSpec
 from cosyserve.engine.token2wav import ChunkWork
 from cosyserve.loader import LoadedModel
+from cosyserve.models.flow.stream_cache import FlowStreamCache
 from tests.engine.helpers import Result, assert_same, drain, make_engine, run_together, voices
 
 
@@ -105,3 +106,49 @@ def test_the_batch_is_bounded_and_first_chunks_go_first(tiny_model: LoadedModel)
         engine.step()
     assert [r.emitted_audio for r, _, _ in work] == sorted(r.emitted_audio for r, _, _ in work)
     drain(engine, results)
+
+
+def test_incremental_chunks_run_at_most_flow_stream_rows_to_a_flow_call(
+    tiny_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    specs = lockstep_specs(tiny_model, stream=True)
+    sizes: dict[int, list[int]] = {}
+    results: dict[int, dict[str, Result]] = {}
+    for rows in (0, 1, 2):
+        engine = make_engine(tiny_model, max_active=len(specs), flow_stream_rows=rows)
+        token2wav = engine.token2wav
+        real = token2wav._flow_incremental
+        calls = sizes.setdefault(rows, [])
+
+        def counted(work: list[ChunkWork], real: object = real, calls: list[int] = calls) -> object:
+            calls.append(len(work))
+            return real(work)  # type: ignore[operator]
+
+        monkeypatch.setattr(token2wav, "_flow_incremental", counted)
+        results[rows] = run_together(engine, specs)
+    assert max(sizes[0]) >= 3 and max(sizes[1]) == 1 and max(sizes[2]) == 2
+    assert sum(sizes[0]) == sum(sizes[1]) == sum(sizes[2])  # every chunk ran, once
+    ids = [s.request_id for s in specs]
+    assert_same(results[1], results[0], ids)
+    assert_same(results[2], results[0], ids)
+
+
+def test_compact_flow_caches_give_every_stream_the_same_audio(
+    tiny_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    specs = lockstep_specs(tiny_model, stream=True)
+    results = {}
+    for compact in (False, True):
+        engine = make_engine(tiny_model, max_active=len(specs), flow_cache_compact=compact)
+        token2wav = engine.token2wav
+        real = token2wav._new_flow_cache
+        caches: list[FlowStreamCache] = []
+
+        def recorded(item: ChunkWork, real: object = real, caches: list[FlowStreamCache] = caches) -> object:
+            caches.append(real(item))  # type: ignore[operator]
+            return caches[-1]
+
+        monkeypatch.setattr(token2wav, "_new_flow_cache", recorded)
+        results[compact] = run_together(engine, specs)
+        assert len(caches) >= len(specs) // 2 and all(c.compact == compact for c in caches)
+    assert_same(results[True], results[False], [s.request_id for s in specs])

@@ -39,6 +39,18 @@ class EngineConfig:
     (0: no bound). Each streamed segment reserves the most its cache can reach (about
     3.3 MiB per mel frame of prompt + tokens on the full model in bf16, growth slack
     included); a segment that does not fit recomputes every chunk as ``"exact"`` does.
+    ``flow_cache_compact``: a stream's own positions in its incremental flow cache keep
+    each estimator attention layer's input (256 channels on the full model) instead of its
+    keys and values (2 x 512), which are recomputed from it every chunk (one GEMM per
+    layer over the history); the positions shared with a voice's primed prompt stay keys
+    and values. A stream's cache takes about a quarter of the memory (0.6 against 2.3 MiB
+    per mel frame in bf16) for about 6 % more time per single stream; 8 concurrent
+    streams ran as fast, with a third of the page faults (``docs/benchmarks.md``, "Compact
+    flow caches"). Same output: the keys and values are the same products.
+    ``flow_stream_rows``: incremental streaming chunks per flow call (0: no bound). A
+    traced call holds every batched row's cached keys and values at once (56 layers x
+    rows x history: about 830 MiB for 8 streams at 450 frames), while on a CPU a pass
+    over 2, 4 or 8 streams' chunks costs the same per stream.
     ``cuda_graphs``: on a CUDA device, replay decode steps from CUDA graphs captured at
     start (``cosyserve.engine.decode_graphs``); ignored elsewhere.
     ``traced_decode``: on a CPU, replay decode steps from TorchScript traces made at start,
@@ -72,6 +84,8 @@ class EngineConfig:
     flow_prompt_cache_mb: int = 4096
     flow_prompt_whole: bool = False
     flow_stream_cache_mb: int = 0
+    flow_cache_compact: bool = True
+    flow_stream_rows: int = 2
     cuda_graphs: bool = True
     traced_decode: bool = True
     traced_flow: bool = True
@@ -89,7 +103,7 @@ class EngineConfig:
             raise ValueError(f"flow_cache must be one of {FLOW_CACHE_MODES}")
         if self.prefix_cache_positions < 0:
             raise ValueError("prefix_cache_positions must not be negative")
-        for name in ("flow_prompt_cache_mb", "flow_stream_cache_mb", "pretouch_mb"):
+        for name in ("flow_prompt_cache_mb", "flow_stream_cache_mb", "pretouch_mb", "flow_stream_rows"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
         problem = flow_prompt_whole_problem(

@@ -112,6 +112,8 @@ class Engine:
             prompt_cache,
             cache_budget=config.flow_stream_cache_mb << 20,
             reserved_bytes=self._flow_reserved,
+            compact_caches=config.flow_cache_compact,
+            stream_rows=config.flow_stream_rows,
         )
         self.scheduler = Scheduler(config)
         self._requests: dict[str, Request] = {}

@@ -83,6 +83,8 @@ class Token2Wav:
         prompt_cache: FlowPromptCache | None = None,
         cache_budget: int = 0,
         reserved_bytes: Callable[[], int] | None = None,
+        compact_caches: bool = False,
+        stream_rows: int = 0,
     ) -> None:
         if flow_cache not in FLOW_CACHE_MODES:
             raise ValueError(f"flow_cache must be one of {FLOW_CACHE_MODES}, not {flow_cache!r}")
@@ -100,6 +102,10 @@ class Token2Wav:
             raise ValueError("a stream cache budget needs to be positive and to know what is reserved")
         self.cache_budget = cache_budget
         self.reserved_bytes = reserved_bytes
+        self.compact_caches = compact_caches
+        if stream_rows < 0:
+            raise ValueError("stream_rows must not be negative")
+        self.stream_rows = stream_rows
 
     @torch.inference_mode()
     def run(self, work: Sequence[ChunkWork]) -> list[np.ndarray | Exception]:
@@ -133,7 +139,10 @@ class Token2Wav:
             groups.setdefault(key, []).append(i)
         for (kind, *_), members in groups.items():
             call = self._flow_incremental if kind == "incremental" else self._flow_full
-            _batched("flow", call, [work[i] for i in members], members, results)
+            size = self.stream_rows if kind == "incremental" and self.stream_rows else len(members)
+            for start in range(0, len(members), size):
+                part = members[start : start + size]
+                _batched("flow", call, [work[i] for i in part], part, results)
         for item, mel in zip(work, results, strict=True):
             if item.chunk.finalize and isinstance(mel, Tensor):
                 item.seg.flow_cache = None  # free the cached keys and values now, not with the request
@@ -147,10 +156,10 @@ class Token2Wav:
         while a CUDA allocation is memory at once, and regrowing on a GPU is cheap."""
         spec = item.request.spec
         if self.prompt_cache is None:
-            cache = self.flow.new_stream_cache()
+            cache = self.flow.new_stream_cache(self.compact_caches)
         else:
             cache = self.prompt_cache.stream_cache(
-                spec.flow_prompt_tokens, spec.flow_prompt_mel, spec.embedding
+                spec.flow_prompt_tokens, spec.flow_prompt_mel, spec.embedding, self.compact_caches
             )
         if self._reserves_caches:
             cache.reserve(self._stream_tokens(item), self.flow.token_mel_ratio)
@@ -207,7 +216,7 @@ class Token2Wav:
         if not self.cache_budget:
             return True
         seg = item.seg
-        need = self.flow.stream_cache_bytes(self._stream_tokens(item))
+        need = self.flow.stream_cache_bytes(self._stream_tokens(item), self.compact_caches)
         if not self._reserves_caches:
             need = 3 * need // 2  # the growth slack of unreserved buffers
         assert self.reserved_bytes is not None  # checked with the budget

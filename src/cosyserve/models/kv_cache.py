@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from cosyserve.errors import CosyserveError, InvalidRequestError
+from cosyserve.memory import lazy_zeros
 from cosyserve.modeldir.hparams import Qwen2Config
 from cosyserve.models.span_attention import padded_span
 
@@ -137,8 +138,8 @@ class KVCache:
             raise ValueError("KVCache dimensions must all be positive")
         self.capacity = padded_span(max_len)
         shape = (num_layers, max_slots, num_kv_heads, self.capacity, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = _zeros(shape, dtype, device)
+        self.v = _zeros(shape, dtype, device)
         self.max_slots = max_slots
         self.max_len = max_len
         self._lengths = [0] * max_slots
@@ -272,3 +273,10 @@ class KVCache:
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.max_slots or not self._in_use[slot]:
             raise ValueError(f"slot {slot} is not an allocated slot of this KV cache")
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str | None) -> torch.Tensor:
+    """Zeros of which, on a CPU, only the positions ever written become resident."""
+    if torch.empty(0, device=device).device.type == "cpu":
+        return lazy_zeros(shape, dtype)
+    return torch.zeros(shape, dtype=dtype, device=device)

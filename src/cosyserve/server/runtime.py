@@ -112,6 +112,8 @@ class ServerRuntime:
                 flow_prompt_cache_mb=settings.flow_prompt_cache_mb,
                 flow_prompt_whole=settings.flow_prompt_whole,
                 flow_stream_cache_mb=settings.flow_stream_cache_mb,
+                flow_cache_compact=settings.flow_cache_compact,
+                flow_stream_rows=settings.flow_stream_rows,
                 cuda_graphs=settings.cuda_graphs,
                 traced_decode=settings.traced_decode,
                 traced_flow=settings.traced_flow,

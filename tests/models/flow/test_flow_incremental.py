@@ -16,6 +16,7 @@ from cosyserve.engine.stats import EngineStats
 from cosyserve.engine.token2wav import ChunkWork, Token2Wav
 from cosyserve.modeldir.presets import TINY
 from cosyserve.models.flow import Flow
+from cosyserve.models.flow.blocks import SelfAttention
 from cosyserve.models.flow.stream_cache import FlowStreamCache
 from cosyserve.models.hift.generator import HiFTGenerator
 from cosyserve.models.lm import CosyVoice2LM
@@ -81,11 +82,12 @@ class Voice:
         (0, 58, 7),  # no prompt
     ],
 )
+@pytest.mark.parametrize("compact", [False, True])
 def test_incremental_chunks_equal_the_exact_path(
-    flow: Flow, prompt: int, tokens: int, first_hop: int | None
+    flow: Flow, prompt: int, tokens: int, first_hop: int | None, compact: bool
 ) -> None:
     voice = Voice(prompt, tokens, seed=prompt)
-    cache = flow.new_stream_cache()
+    cache = flow.new_stream_cache(compact)
     chunks = list(voice.chunks(first_hop))
     assert len(chunks) >= 3 and chunks[-1].finalize
     frames = 0
@@ -260,38 +262,63 @@ def test_engine_config_checks_the_flow_cache_mode() -> None:
 
 
 @pytest.mark.parametrize(("prompt", "tokens", "first_hop"), [(25, 130, 5), (13, 70, None), (0, 58, 7)])
+@pytest.mark.parametrize("compact", [False, True])
 def test_stream_cache_bytes_bounds_the_cache_a_stream_holds(
-    flow: Flow, prompt: int, tokens: int, first_hop: int | None
+    flow: Flow, prompt: int, tokens: int, first_hop: int | None, compact: bool
 ) -> None:
     voice = Voice(prompt, tokens, seed=prompt + 1)
-    cache = flow.new_stream_cache()
-    exact = flow.stream_cache_bytes(prompt + tokens)
+    cache = flow.new_stream_cache(compact)
+    exact = flow.stream_cache_bytes(prompt + tokens, compact)
     for chunk in voice.chunks(first_hop):
         voice.incremental(flow, cache, chunk)
         if not chunk.finalize:
             # Grown x1.5 at a time: at most half again the whole stream's states, at least
             # the cached positions'.
-            assert flow.stream_cache_bytes(cache.tokens) <= cache.nbytes() <= 3 * exact // 2, chunk
+            assert flow.stream_cache_bytes(cache.tokens, compact) <= cache.nbytes() <= 3 * exact // 2, chunk
+
+
+def test_a_compact_cache_keeps_the_estimator_layers_inputs_instead_of_keys_and_values(flow: Flow) -> None:
+    voice = Voice(25, 64, seed=4)
+    full, compact = flow.new_stream_cache(), flow.new_stream_cache(compact=True)
+    first = next(voice.chunks(5))
+    voice.incremental(flow, full, first)
+    voice.incremental(flow, compact, first)
+    assert compact.tokens == full.tokens > 0
+    # The encoder's states are the same; every Euler step's are the inputs (width C, one
+    # tensor a layer) instead of keys and values (2 x heads x head_dim, two tensors).
+    assert compact.encoder_frames.nbytes() == full.encoder_frames.nbytes()
+    estimator = flow.cfm.estimator
+    inner = sum(2 * m.heads * m.head_dim for m in estimator.modules() if isinstance(m, SelfAttention))
+    width = sum(m.dim for m in estimator.modules() if isinstance(m, SelfAttention))
+    assert width < inner
+    frames = flow.token_mel_ratio * (25 + first.token_end - flow.pre_lookahead_len)  # uncommitted too
+    size = flow.speaker_proj.weight.element_size()
+    # Each step's first pass holds every frame it computed, for both CFG rows.
+    assert sum(s.nbytes() for s in full.steps) - sum(s.nbytes() for s in compact.steps) == (
+        len(full.steps) * 2 * frames * size * (inner - width)
+    )
 
 
 @pytest.mark.parametrize(("prompt", "tokens", "first_hop"), [(25, 130, 5), (0, 58, 7)])
+@pytest.mark.parametrize("compact", [False, True])
 def test_a_reserved_stream_cache_is_allocated_once_after_the_first_chunk(
-    flow: Flow, prompt: int, tokens: int, first_hop: int | None
+    flow: Flow, prompt: int, tokens: int, first_hop: int | None, compact: bool
 ) -> None:
     voice = Voice(prompt, tokens, seed=prompt + 1)
-    cache, alone = flow.new_stream_cache(), flow.new_stream_cache()
+    cache, alone = flow.new_stream_cache(compact), flow.new_stream_cache()
     cache.reserve(prompt + tokens, flow.token_mel_ratio)
     buffers: list[int] = []
     first, *chunks = voice.chunks(first_hop)
     voice.incremental(flow, cache, first)  # at its own size: the first chunk's latency counts
     written = prompt + first.token_end - flow.pre_lookahead_len
-    assert cache.nbytes() - _contexts(cache) == flow.stream_cache_bytes(written)
+    assert cache.nbytes() - _contexts(cache) == flow.stream_cache_bytes(written, compact)
+    reserved = flow.stream_cache_bytes(prompt + tokens, compact)
     for chunk in chunks:
         mel = voice.incremental(flow, cache, chunk)
         # The same up to float rounding (the buffers' strides differ, and so do the GEMMs).
         torch.testing.assert_close(mel, voice.incremental(flow, alone, chunk))
         if not chunk.finalize:
-            assert cache.nbytes() - _contexts(cache) == flow.stream_cache_bytes(prompt + tokens), chunk
+            assert cache.nbytes() - _contexts(cache) == reserved, chunk
             pointers = [t.data_ptr() for t in cache.tensors() if t.dim() == 4]
             assert pointers == (buffers or pointers), "a reserved buffer was reallocated"
             buffers = pointers

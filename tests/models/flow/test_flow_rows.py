@@ -134,9 +134,11 @@ def test_lockstep_streams_batched_equal_each_stream_alone(flow: Flow) -> None:
     assert all(c.finished and c.nbytes() == 0 for c in caches)
 
 
-def test_streams_forked_from_a_primed_voice_batched_equal_each_alone(flow: Flow) -> None:
+@pytest.mark.parametrize("compact", [False, True])
+def test_streams_forked_from_a_primed_voice_batched_equal_each_alone(flow: Flow, compact: bool) -> None:
     # Forks read the primed prefix in place (their shared positions) and batch with each
-    # other and with a stream that holds every position itself.
+    # other and with a stream that holds every position itself (compact: the streams keep
+    # their own positions as the estimator layers' inputs).
     voices = [Voice(53, 70, 11), Voice(53, 70, 12), Voice(53, 70, 13)]
     for other in voices[1:2]:  # the first two: one voice, two requests
         other.prompt_token, other.prompt_feat, other.embedding = (
@@ -148,7 +150,7 @@ def test_streams_forked_from_a_primed_voice_batched_equal_each_alone(flow: Flow)
         voices[0].prompt_token[None], voices[0].prompt_feat[None], voices[0].embedding[None]
     )
     assert primed.tokens == 50
-    caches = [primed.fork(), primed.fork(), flow.new_stream_cache()]
+    caches = [primed.fork(compact), primed.fork(compact), flow.new_stream_cache(compact)]
     caches[1].reserve(53 + 70, flow.token_mel_ratio)
     streams = [v.chunks() for v in voices]
     assert len({len(s) for s in streams}) == 1

@@ -29,11 +29,14 @@ def test_fused_projections_give_the_same_mel_frames(flow: Flow, dtype: torch.dty
     for streaming in (False, True):
         want = separate.inference(tokens, *voice, streaming=streaming, finalize=True)
         assert torch.equal(fused.inference(tokens, *voice, streaming=streaming, finalize=True), want)
-    caches = separate.new_stream_cache(), fused.new_stream_cache()
+    # Compact caches recompute the history's keys and values with the stacked k/v rows.
+    assert all(m.kv is not None for m in attentions)
+    models = separate, fused, fused
+    caches = separate.new_stream_cache(), fused.new_stream_cache(), fused.new_stream_cache(compact=True)
     schedule = ChunkSchedule(prompt, first_hop=5)
     while (chunk := schedule.next_chunk(tokens.shape[1], finished=True)) is not None:
-        want, got = (
+        want, *got = (
             model.stream(cache, tokens[:, : chunk.token_end], *voice, chunk.offset, chunk.finalize)
-            for model, cache in zip((separate, fused), caches, strict=True)
+            for model, cache in zip(models, caches, strict=True)
         )
-        assert torch.equal(got, want), chunk
+        assert all(torch.equal(g, want) for g in got), chunk

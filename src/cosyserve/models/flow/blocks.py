@@ -146,6 +146,7 @@ class SelfAttention(nn.Module):
 
     def __init__(self, dim: int, heads: int, head_dim: int) -> None:
         super().__init__()
+        self.dim = dim
         self.heads = heads
         self.head_dim = head_dim
         inner = heads * head_dim
@@ -154,13 +155,25 @@ class SelfAttention(nn.Module):
         self.v = nn.Linear(dim, inner, bias=False)
         self.out = nn.Linear(inner, dim)
         self.qkv: nn.Linear | None = None  # set by fuse_projections_
+        self.kv: nn.Linear | None = None
 
     def fuse_projections_(self) -> None:
         """Replace ``q``, ``k`` and ``v`` by ``qkv``, their rows stacked: one GEMM per call
         instead of three, with the same outputs. A stream's first chunk (132-row GEMMs)
-        took 6 % less time (``docs/benchmarks.md``, "Time by kind of op")."""
+        took 6 % less time (``docs/benchmarks.md``, "Time by kind of op"). ``kv`` stacks
+        ``k`` and ``v`` alone, for :meth:`keys_values` (0.5 MiB a layer in bfloat16)."""
+        self.kv = stacked_linear(self.k, self.v)
         self.qkv = stacked_linear(self.q, self.k, self.v)
         del self.q, self.k, self.v
+
+    def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values of inputs ``x`` ``(B, T, C)``: ``(B, H, T, hd)`` each (a
+        compact stream cache keeps the inputs and recomputes these, see ``LayerStates``)."""
+        batch, size, _ = x.shape
+        shape = (batch, size, self.heads, self.head_dim)
+        projected = (self.k(x), self.v(x)) if self.kv is None else self.kv(x).chunk(2, dim=-1)
+        k, v = (p.view(shape).transpose(1, 2) for p in projected)
+        return k, v
 
     def forward(self, x: Tensor, bias: Tensor | None, states: LayerStates | None = None) -> Tensor:
         """``x``: ``(B, T, C)``; ``bias``: ``(B, 1, T, K)`` additive, or None to attend to
@@ -174,7 +187,7 @@ class SelfAttention(nn.Module):
         projected = (self.q(x), self.k(x), self.v(x)) if fused is None else fused(x).chunk(3, dim=-1)
         q, k, v = (p.view(shape).transpose(1, 2) for p in projected)  # (B, H, T, hd)
         if states is not None:
-            k, v = states.attend(self, k, v)  # (B, H, K, hd)
+            k, v = states.attend(self, k, v, x)  # (B, H, K, hd)
         out = attention(q, k, v, bias)
         y: Tensor = self.out(out.transpose(1, 2).reshape(batch, size, self.heads * self.head_dim))
         return y

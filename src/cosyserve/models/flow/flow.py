@@ -140,9 +140,10 @@ class Flow(nn.Module):
         mel: Tensor = self.cfm(mu, mask, spks, cond, streaming)  # (B, 80, T_all) float32
         return mel[:, :, prompt_frames:]
 
-    def new_stream_cache(self) -> FlowStreamCache:
-        """An empty cache for one stream of :meth:`stream` calls."""
-        return FlowStreamCache(self.cfg.cfm.n_timesteps)
+    def new_stream_cache(self, compact: bool = False) -> FlowStreamCache:
+        """An empty cache for one stream of :meth:`stream` calls (``compact``: see
+        :class:`FlowStreamCache`)."""
+        return FlowStreamCache(self.cfg.cfm.n_timesteps, compact)
 
     @torch.inference_mode()
     def stream(
@@ -200,17 +201,19 @@ class Flow(nn.Module):
         usable = min(prompt_tokens - reach, prompt_frames // self.token_mel_ratio)
         return max(0, usable) // self.stream_block * self.stream_block
 
-    def stream_cache_bytes(self, tokens: int) -> int:
+    def stream_cache_bytes(self, tokens: int, compact: bool = False) -> int:
         """The memory of the keys and values of ``tokens`` tokens (prompt included) in a
         :meth:`stream` cache: every attention layer's, the encoder's at token and at frame
-        rate and each Euler step's for both CFG branches. A cache reserved for ``tokens``
+        rate and each Euler step's for both CFG branches (``compact``: the estimator
+        layers' inputs instead). A cache reserved for ``tokens``
         (:meth:`FlowStreamCache.reserve`) holds this much; one left to grow holds up to
         half as much again (its buffers grow x1.5). The convolution contexts, a few frames
         each, are left out."""
         frames = tokens * self.token_mel_ratio
         per_token = _key_value_width(self.encoder.layers)
         per_frame = _key_value_width(self.encoder.up_layers)
-        per_frame += 2 * self.cfg.cfm.n_timesteps * _key_value_width(self.cfm.estimator)
+        step = _input_width(self.cfm.estimator) if compact else _key_value_width(self.cfm.estimator)
+        per_frame += 2 * self.cfg.cfm.n_timesteps * step
         return self.speaker_proj.weight.element_size() * (per_token * tokens + per_frame * frames)
 
     @torch.inference_mode()
@@ -325,3 +328,8 @@ def _key_value_width(module: nn.Module) -> int:
         for layer in module.modules()
         if isinstance(layer, RelPositionAttention | SelfAttention)
     )
+
+
+def _input_width(module: nn.Module) -> int:
+    """Inputs a compact cache keeps per position for the attention layers under ``module``."""
+    return sum(layer.dim for layer in module.modules() if isinstance(layer, SelfAttention))

@@ -54,26 +54,30 @@ class FlowPromptCache:
         """Memory of the primed caches held."""
         return self._nbytes
 
-    def stream_cache(self, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor) -> FlowStreamCache:
+    def stream_cache(
+        self, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor, compact: bool = False
+    ) -> FlowStreamCache:
         """A cache for a new :meth:`Flow.stream` of this voice (batch of one), starting
-        after its primed prefix (primed now on a miss).
+        after its primed prefix (primed now on a miss). ``compact``: the stream's own
+        positions are kept compact (:class:`FlowStreamCache`); the primed ones, shared by
+        every stream of the voice, stay keys and values.
 
         The voice, on any device: ``prompt_token`` ``(P,)`` int, ``prompt_feat``
         ``(P_mel, 80)`` log-mel, ``embedding`` ``(spk_embed_dim,)``."""
         if self.flow.voice_prefix(prompt_token.shape[0], prompt_feat.shape[0], self.whole) == 0:
-            return self.flow.new_stream_cache()  # nothing to share: no key, no counts
+            return self.flow.new_stream_cache(compact)  # nothing to share: no key, no counts
         key = self._key(prompt_token, prompt_feat, embedding)
         primed = self._primed.get(key)
         if primed is not None:
             self.stats.hits += 1
             self._primed.move_to_end(key)
-            return primed.fork()
+            return primed.fork(compact)
         self.stats.misses += 1
         device = self.flow.speaker_proj.weight.device
         token, feat, speaker = (t.to(device)[None] for t in (prompt_token, prompt_feat, embedding))
         primed = self.flow.prime_stream(token, feat, speaker, whole=self.whole)
         self._store(key, primed)
-        return primed.fork()
+        return primed.fork(compact)
 
     def _store(self, key: bytes, primed: FlowStreamCache) -> None:
         size = primed.nbytes()

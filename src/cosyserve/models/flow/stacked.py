@@ -31,13 +31,18 @@ class StackedStates(LayerStates):
         self.rows = rows
         self.groups = groups
 
-    def attend(self, layer: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        parts = [row.attend_parts(layer, self._row(k, b), self._row(v, b)) for b, row in enumerate(self.rows)]
+    def attend(
+        self, layer: nn.Module, k: Tensor, v: Tensor, inputs: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        parts = [
+            row.attend_parts(layer, self._row(k, b), self._row(v, b), self._row_or_none(inputs, b))
+            for b, row in enumerate(self.rows)
+        ]
         return self._stack_parts([p[0] for p in parts]), self._stack_parts([p[1] for p in parts])
 
-    def store(self, layer: nn.Module, k: Tensor, v: Tensor) -> None:
+    def store(self, layer: nn.Module, k: Tensor, v: Tensor, inputs: Tensor | None = None) -> None:
         for b, row in enumerate(self.rows):
-            row.store(layer, self._row(k, b), self._row(v, b))
+            row.store(layer, self._row(k, b), self._row(v, b), self._row_or_none(inputs, b))
 
     def cached(self, layer: nn.Module) -> tuple[list[Tensor], list[Tensor]]:
         keys, values = zip(*(row.cached(layer) for row in self.rows), strict=True)
@@ -58,6 +63,9 @@ class StackedStates(LayerStates):
     def _row(self, t: Tensor, b: int) -> Tensor:
         """Row ``b``'s part ``(groups, ...)`` of a batch tensor ``(groups * B, ...)``."""
         return t.view(self.groups, len(self.rows), *t.shape[1:])[:, b]
+
+    def _row_or_none(self, t: Tensor | None, b: int) -> Tensor | None:
+        return None if t is None else self._row(t, b)
 
     @staticmethod
     def _stack(parts: list[Tensor]) -> Tensor:

@@ -5,14 +5,27 @@ except the encoder's look-ahead is causal, so a position whose block is complete
 changes when more tokens arrive. Incremental streaming computes only positions after
 the last complete block and keeps, for those before it: the keys and values of every
 attention layer and the left context of every causal convolution, separately for the
-encoder and for each Euler step of the sampler (both CFG branches, as one batch).
+encoder and for each Euler step of the sampler (both CFG branches, as one batch). A
+compact cache keeps the estimator attention layers' inputs instead of their keys and
+values, a quarter of the memory, and recomputes those from them on every pass.
 
 One :class:`FlowStreamCache` belongs to one segment of one request and is dropped when
 the segment ends; nothing here is stored on the shared modules.
 """
 
+from typing import Protocol, runtime_checkable
+
 import torch
 from torch import Tensor, nn
+
+
+@runtime_checkable
+class KeyValueSource(Protocol):
+    """An attention layer whose keys and values a compact cache recomputes from its inputs."""
+
+    def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``x`` ``(B, n, C)`` -> keys and values ``(B, H, n, d)`` each."""
+        ...
 
 
 class LayerStates:
@@ -34,12 +47,19 @@ class LayerStates:
     grow x1.5. The first pass allocates only what it needs: small buffers are likelier to
     come from memory the process freed (no page faults), and the first pass is the first
     chunk, whose latency users wait for.
+
+    ``compact``: the own positions of attention layers that pass their inputs to
+    :meth:`attend` are kept as those inputs (``(B, 1, n, C)``), and their keys and values
+    are recomputed from them on every pass (:meth:`KeyValueSource.keys_values`). In the
+    estimator that holds 256 channels a position instead of 2 x 512, for one more GEMM
+    over the history per layer and pass.
     """
 
-    def __init__(self, capacity: int = 0) -> None:
+    def __init__(self, capacity: int = 0, compact: bool = False) -> None:
         self.length = 0
         self.keep = 0
         self.capacity = capacity
+        self.compact = compact
         self.passes = 0
         self.shared = 0
         # Keyed by the module that owns the state, so each layer finds its own.
@@ -47,6 +67,7 @@ class LayerStates:
         self._shared_values: dict[nn.Module, Tensor] = {}
         self._keys: dict[nn.Module, Tensor] = {}  # (B, H, own capacity, d): positions from ``shared``
         self._values: dict[nn.Module, Tensor] = {}
+        self._own_inputs: dict[nn.Module, Tensor] = {}  # compact: (B, 1, own capacity, C)
         self._context: dict[nn.Module, Tensor] = {}  # (B, C, kernel - 1)
         self._next_context: dict[nn.Module, Tensor] = {}  # the context after this pass
 
@@ -62,29 +83,43 @@ class LayerStates:
         self._context.update(self._next_context)
         self._next_context.clear()
 
-    def attend(self, layer: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def attend(
+        self, layer: nn.Module, k: Tensor, v: Tensor, inputs: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Keys and values of all positions so far for ``layer``'s new ``k``, ``v``
-        ``(B, H, n, d)``: ``(B, H, length + n, d)``. Without shared positions, views of a
-        buffer that grows geometrically (appending costs amortised O(n), not a copy of the
-        whole history per chunk); with them, the shared and own positions joined."""
-        keys, values = self.attend_parts(layer, k, v)
+        ``(B, H, n, d)`` (computed from its ``inputs`` ``(B, n, C)``, which a compact
+        cache keeps instead): ``(B, H, length + n, d)``. Without shared positions, views of
+        a buffer that grows geometrically (appending costs amortised O(n), not a copy of
+        the whole history per chunk); with them, the shared and own positions joined."""
+        keys, values = self.attend_parts(layer, k, v, inputs)
         return _joined(keys), _joined(values)
 
-    def attend_parts(self, layer: nn.Module, k: Tensor, v: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+    def attend_parts(
+        self, layer: nn.Module, k: Tensor, v: Tensor, inputs: Tensor | None = None
+    ) -> tuple[list[Tensor], list[Tensor]]:
         """:meth:`attend`'s keys and values as the pieces they are held in, in position
         order (the shared positions, then the own ones), for a caller that copies them
         into a batch anyway."""
-        self.store(layer, k, v)
+        if self._keeps_inputs(inputs):
+            keys, values = self.cached(layer)
+            self.store(layer, k, v, inputs)
+            return [*keys, k], [*values, v]
+        self.store(layer, k, v, inputs)
         end = self.length + k.shape[2] - self.shared  # in the own buffers
         return (
             self._pieces(self._shared_keys, self._keys, layer, end),
             self._pieces(self._shared_values, self._values, layer, end),
         )
 
-    def store(self, layer: nn.Module, k: Tensor, v: Tensor) -> None:
-        """Write ``layer``'s new keys and values ``(B, H, n, d)`` after the cached positions."""
+    def store(self, layer: nn.Module, k: Tensor, v: Tensor, inputs: Tensor | None = None) -> None:
+        """Write ``layer``'s new keys and values ``(B, H, n, d)`` after the cached positions
+        (a compact cache: their ``inputs`` ``(B, n, C)``)."""
         end = self.length + k.shape[2] - self.shared  # in the own buffers
         start = self.length - self.shared
+        if self._keeps_inputs(inputs):
+            assert inputs is not None
+            self._grown(self._own_inputs, layer, inputs[:, None], end)[:, 0, start:end] = inputs
+            return
         keys = self._grown(self._keys, layer, k, end)
         values = self._grown(self._values, layer, v, end)
         keys[:, :, start:end] = k
@@ -92,8 +127,18 @@ class LayerStates:
 
     def cached(self, layer: nn.Module) -> tuple[list[Tensor], list[Tensor]]:
         """``layer``'s keys and values of the cached positions, as the pieces they are held
-        in (none before the first pass)."""
+        in (none before the first pass); a compact cache's own ones recomputed."""
         own = self.length - self.shared
+        if layer in self._own_inputs:
+            keys = [self._shared_keys[layer]] if layer in self._shared_keys else []
+            values = [self._shared_values[layer]] if layer in self._shared_values else []
+            if own > 0:
+                if not isinstance(layer, KeyValueSource):
+                    raise TypeError(f"{type(layer).__name__} cannot recompute its keys and values")
+                k, v = layer.keys_values(self._own_inputs[layer][:, 0, :own])
+                keys.append(k)
+                values.append(v)
+            return keys, values
         return (
             self._pieces(self._shared_keys, self._keys, layer, own),
             self._pieces(self._shared_values, self._values, layer, own),
@@ -121,16 +166,17 @@ class LayerStates:
         the next pass: the ``width`` positions before the new ``length``."""
         self._next_context[conv] = padded[:, :, self.keep : self.keep + width].clone()
 
-    def fork(self) -> "LayerStates":
+    def fork(self, compact: bool | None = None) -> "LayerStates":
         """Independent states continuing from these, sharing their cached positions without
         a copy: the fork reads them as its ``shared`` positions and writes its own into
         buffers of its own, and :meth:`left_pad` replaces a context, never mutates it. (A
-        fork of a fork joins its shared and own positions into one tensor.)"""
+        fork of a fork joins its shared and own positions into one tensor, recomputed
+        where these are compact.) ``compact``: the fork's own (default: as these)."""
         if self.keep:
             raise RuntimeError("cannot fork states in the middle of a pass")
-        fork = LayerStates(self.capacity)
+        fork = LayerStates(self.capacity, self.compact if compact is None else compact)
         fork.length = fork.shared = self.length
-        for layer in dict.fromkeys([*self._shared_keys, *self._keys]):
+        for layer in dict.fromkeys([*self._shared_keys, *self._keys, *self._own_inputs]):
             keys, values = self.cached(layer)
             fork._shared_keys[layer], fork._shared_values[layer] = _joined(keys), _joined(values)
         fork._context = dict(self._context)
@@ -144,6 +190,7 @@ class LayerStates:
             *self._shared_values.values(),
             *self._keys.values(),
             *self._values.values(),
+            *self._own_inputs.values(),
             *self._context.values(),
         ]
 
@@ -160,6 +207,9 @@ class LayerStates:
         if layer in own and (own_end > 0 or not parts):
             parts.append(own[layer][:, :, :own_end])
         return parts
+
+    def _keeps_inputs(self, inputs: Tensor | None) -> bool:
+        return self.compact and inputs is not None
 
     def _grown(self, buffers: dict[nn.Module, Tensor], layer: nn.Module, new: Tensor, end: int) -> Tensor:
         """``layer``'s own buffer, reallocated if it holds fewer than ``end`` positions."""
@@ -188,15 +238,17 @@ class FlowStreamCache:
     ``tokens``: prompt + generated tokens whose encoder states are final and cached
     (a multiple of the block length); the mel frames before ``token_mel_ratio * tokens``
     are final in every layer of every Euler step too. ``finished``: the stream ended and
-    the cache was emptied.
+    the cache was emptied. ``compact``: the Euler steps' states are compact (see
+    :class:`LayerStates`); the encoder's, a few per cent of the whole, are not.
     """
 
-    def __init__(self, n_steps: int) -> None:
+    def __init__(self, n_steps: int, compact: bool = False) -> None:
         self.tokens = 0
         self.finished = False
+        self.compact = compact
         self.encoder_tokens = LayerStates()
         self.encoder_frames = LayerStates()
-        self.steps = [LayerStates() for _ in range(n_steps)]
+        self.steps = [LayerStates(compact=compact) for _ in range(n_steps)]
 
     def reserve(self, tokens: int, ratio: int) -> None:
         """From the second pass on, hold every buffer at the size of ``tokens`` tokens
@@ -223,24 +275,25 @@ class FlowStreamCache:
         if finalize:
             self.finished = True
             self.encoder_tokens, self.encoder_frames = LayerStates(), LayerStates()
-            self.steps = [LayerStates() for _ in self.steps]
+            self.steps = [LayerStates(compact=self.compact) for _ in self.steps]
             return
         for states in self._passes():
             states.finish()
         self.tokens = tokens
 
-    def fork(self) -> "FlowStreamCache":
+    def fork(self, compact: bool | None = None) -> "FlowStreamCache":
         """A cache for another stream that continues from this one's cached positions (a
         voice's primed prompt, see :meth:`Flow.prime_stream`): the cached tensors are
         shared, not copied, and neither cache's later passes change what the other sees
-        (see :meth:`LayerStates.fork`)."""
+        (see :meth:`LayerStates.fork`). ``compact``: the fork's (default: as this one)."""
         if self.finished:
             raise ValueError("cannot fork a finalized flow stream")
-        fork = FlowStreamCache(len(self.steps))
+        compact = self.compact if compact is None else compact
+        fork = FlowStreamCache(len(self.steps), compact)
         fork.tokens = self.tokens
         fork.encoder_tokens = self.encoder_tokens.fork()
         fork.encoder_frames = self.encoder_frames.fork()
-        fork.steps = [states.fork() for states in self.steps]
+        fork.steps = [states.fork(compact) for states in self.steps]
         return fork
 
     def tensors(self) -> list[Tensor]:

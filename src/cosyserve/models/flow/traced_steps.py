@@ -7,8 +7,9 @@ trace replays the same ops without the Python between them.
 A trace cannot read the per-stream caches (:class:`LayerStates`, keyed by module), so
 its state passes through its inputs and outputs, in the order the layers run: each
 attention layer gets its cached keys and values as two pieces each (those shared with a
-voice's primed prompt and the stream's own, either possibly empty) and returns its new
-keys and values; each causal convolution gets its cached left context and returns its
+voice's primed prompt and the stream's own, either possibly empty; a compact cache's own
+ones recomputed before the call) and returns its new keys and values and its inputs
+(which a compact cache keeps instead); each causal convolution gets its cached left context and returns its
 left-padded input. The caller reads the caches before the call and writes them after it,
 as the eager layers do during theirs. The estimator's packed bf16 weights are inputs too:
 a trace cannot hold oneDNN's opaque tensors as constants.
@@ -69,9 +70,13 @@ class _StateInputs(LayerStates):
         self.outputs: list[Tensor] = []
         self.calls: list[_Call] = []
 
-    def attend(self, layer: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def attend(
+        self, layer: nn.Module, k: Tensor, v: Tensor, inputs: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        if inputs is None:
+            raise RuntimeError("a traced attention layer must pass its inputs (compact caches keep them)")
         k1, k2, v1, v2 = (next(self._inputs) for _ in range(4))
-        self.outputs += [k, v]
+        self.outputs += [k, v, inputs]
         self.calls.append(_Call(layer))
         return torch.cat([k1, k2, k], dim=2), torch.cat([v1, v2, v], dim=2)
 
@@ -92,7 +97,9 @@ class _ExampleStates(LayerStates):
         self.inputs: list[Tensor] = []
         self.calls: list[_Call] = []
 
-    def attend(self, layer: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def attend(
+        self, layer: nn.Module, k: Tensor, v: Tensor, inputs: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         past = k.new_zeros(k.shape[0], k.shape[1], self.cached_length, k.shape[3])
         empty = k[:, :, :0]
         self.inputs += [past, empty, past, empty]
@@ -210,8 +217,8 @@ class TracedSteps:
         position = 0
         for call in self._calls:
             if isinstance(call.module, SelfAttention):
-                states.store(call.module, outputs[position], outputs[position + 1])
-                position += 2
+                states.store(call.module, *outputs[position : position + 3])
+                position += 3
             else:
                 states.store_context(call.module, outputs[position], call.width)
                 position += 1
