@@ -36,17 +36,18 @@ class EngineConfig:
     cost of a small deviation from upstream, largest in the first chunk
     (``docs/streaming-flow.md``). Needs the prompt cache.
     ``flow_stream_cache_mb``: MiB the streams' incremental flow caches may hold together
-    (0: no bound). Each streamed segment reserves the most its cache can reach (about
-    3.3 MiB per mel frame of prompt + tokens on the full model in bf16, growth slack
-    included); a segment that does not fit recomputes every chunk as ``"exact"`` does.
+    (0: no bound). Each streamed segment reserves the most its cache can reach (on the
+    full model in bf16, per mel frame of prompt + tokens: 0.56 MiB with compact caches,
+    2.2 MiB without, x1.5 where buffers grow); a segment that does not fit recomputes
+    every chunk as ``"exact"`` does.
     ``flow_cache_compact``: a stream's own positions in its incremental flow cache keep
     each estimator attention layer's input (256 channels on the full model) instead of its
     keys and values (2 x 512), which are recomputed from it every chunk (one GEMM per
     layer over the history); the positions shared with a voice's primed prompt stay keys
-    and values. A stream's cache takes about a quarter of the memory (0.6 against 2.3 MiB
-    per mel frame in bf16) for about 6 % more time per single stream; 8 concurrent
-    streams ran as fast, with a third of the page faults (``docs/benchmarks.md``, "Compact
-    flow caches"). Same output: the keys and values are the same products.
+    and values. A stream's cache takes about a quarter of the memory (0.56 against 2.2 MiB
+    per mel frame in bf16) for 6-9 % more time per single stream; 8 concurrent
+    streams ran as fast, with a third of the page faults (``docs/benchmarks.md``, "Run
+    49"). Same output: the keys and values are the same products.
     ``flow_stream_rows``: incremental streaming chunks per flow call (0: no bound). A
     traced call holds every batched row's cached keys and values at once (56 layers x
     rows x history: about 830 MiB for 8 streams at 450 frames), while on a CPU a pass
