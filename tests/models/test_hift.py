@@ -17,6 +17,7 @@ from cosyserve.models.hift import (
     hift_checkpoint_table,
     vocode_chunk,
 )
+from cosyserve.models.hift.resblock import Snake
 from cosyserve.weights.checkpoint import load_checkpoint, to_checkpoint
 from cosyserve.weights.randomize import randomize_
 
@@ -192,3 +193,17 @@ def test_stream_rejects_a_short_first_chunk_and_a_mismatched_vocoder(hift: HiFTG
     state = HiFTStreamState(StreamOptions(samples_per_frame=256))
     with pytest.raises(ValueError, match="256 samples per frame"):
         vocode_chunk(hift, state, _mel(), finalize=False, generator=_seeded(0))
+
+
+def test_snake_writes_only_its_own_output_and_gives_the_formulas_bits() -> None:
+    snake = Snake(64)
+    with torch.no_grad():
+        snake.alpha.copy_(torch.rand(64) * 2)
+        snake.alpha[0] = 0.0  # the epsilon keeps 1/alpha finite
+    x = torch.randn(2, 64, 500)
+    before = x.clone()
+    alpha = snake.alpha.detach()[:, None]
+    want = x + (alpha + 1e-9).reciprocal() * torch.sin(x * alpha).pow(2)
+    with torch.inference_mode():
+        got = snake(x)
+    assert torch.equal(got, want) and torch.equal(x, before)
