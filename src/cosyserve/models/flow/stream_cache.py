@@ -100,7 +100,7 @@ class LayerStates:
         """:meth:`attend`'s keys and values as the pieces they are held in, in position
         order (the shared positions, then the own ones), for a caller that copies them
         into a batch anyway."""
-        if self._keeps_inputs(inputs):
+        if self.compact and inputs is not None:
             keys, values = self.cached(layer)
             self.store(layer, k, v, inputs)
             return [*keys, k], [*values, v]
@@ -116,8 +116,7 @@ class LayerStates:
         (a compact cache: their ``inputs`` ``(B, n, C)``)."""
         end = self.length + k.shape[2] - self.shared  # in the own buffers
         start = self.length - self.shared
-        if self._keeps_inputs(inputs):
-            assert inputs is not None
+        if self.compact and inputs is not None:
             self._grown(self._own_inputs, layer, inputs[:, None], end)[:, 0, start:end] = inputs
             return
         keys = self._grown(self._keys, layer, k, end)
@@ -129,20 +128,15 @@ class LayerStates:
         """``layer``'s keys and values of the cached positions, as the pieces they are held
         in (none before the first pass); a compact cache's own ones recomputed."""
         own = self.length - self.shared
-        if layer in self._own_inputs:
-            keys = [self._shared_keys[layer]] if layer in self._shared_keys else []
-            values = [self._shared_values[layer]] if layer in self._shared_values else []
-            if own > 0:
-                if not isinstance(layer, KeyValueSource):
-                    raise TypeError(f"{type(layer).__name__} cannot recompute its keys and values")
-                k, v = layer.keys_values(self._own_inputs[layer][:, 0, :own])
-                keys.append(k)
-                values.append(v)
-            return keys, values
-        return (
-            self._pieces(self._shared_keys, self._keys, layer, own),
-            self._pieces(self._shared_values, self._values, layer, own),
-        )
+        keys = self._pieces(self._shared_keys, self._keys, layer, own)
+        values = self._pieces(self._shared_values, self._values, layer, own)
+        if layer in self._own_inputs and own > 0:  # compact: the own positions as inputs
+            if not isinstance(layer, KeyValueSource):
+                raise TypeError(f"{type(layer).__name__} cannot recompute its keys and values")
+            k, v = layer.keys_values(self._own_inputs[layer][:, 0, :own])
+            keys.append(k)
+            values.append(v)
+        return keys, values
 
     def left_pad(self, conv: nn.Module, x: Tensor, width: int) -> Tensor:
         """``x`` ``(B, C, n)`` (the new positions) with the ``width`` cached positions
@@ -207,9 +201,6 @@ class LayerStates:
         if layer in own and (own_end > 0 or not parts):
             parts.append(own[layer][:, :, :own_end])
         return parts
-
-    def _keeps_inputs(self, inputs: Tensor | None) -> bool:
-        return self.compact and inputs is not None
 
     def _grown(self, buffers: dict[nn.Module, Tensor], layer: nn.Module, new: Tensor, end: int) -> Tensor:
         """``layer``'s own buffer, reallocated if it holds fewer than ``end`` positions."""
