@@ -17,8 +17,10 @@ voice does in a server, and leaves memory of a stream's size that the process ke
 reuses, as a server that has served a stream does: on this VM a page faulted in for the
 first time costs up to 40 µs, and a process's first stream faults in about 1 GiB):
 
-1. non-streaming: wall time of one request;
-2. streaming: time to the first audio of one request (then the rest, to its end);
+1. non-streaming: wall time of one request, or the median of ``--repeats`` requests one
+   after another (each with a text of its own);
+2. streaming: time to the first audio of one request (then the rest, to its end), or the
+   medians of ``--repeats``;
 3. ``--streams`` concurrent streams: audio seconds made per wall second (upstream: one
    thread per stream calling ``tts``, as its servers do; ours: one asyncio task per
    stream on one :class:`~cosyserve.engine.async_engine.AsyncEngine`), in ``--bursts``
@@ -45,6 +47,7 @@ import itertools
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import threading
@@ -86,8 +89,8 @@ class Texts:
     repeated text's prefill (upstream has none)."""
 
     warm_up: tuple[int, ...]
-    non_stream: tuple[int, ...]
-    stream: tuple[int, ...]
+    non_stream: list[tuple[int, ...]]  # one per repeat
+    stream: list[tuple[int, ...]]
     bursts: list[list[tuple[int, ...]]]  # per burst, one per stream
 
 
@@ -95,11 +98,49 @@ def workload(model_dir: Path, args: argparse.Namespace) -> tuple[VoicePrompt, Te
     """The voice, the texts and the model's sample rate."""
     hp = ModelDir.open(model_dir).hparams()
     voice = synthetic_voice(hp, args.prompt_seconds, seed=args.seed, name="bench")
-    ids = [
-        synthetic_text_ids(hp, args.tokens, seed=args.seed + i) for i in range(3 + args.streams * args.bursts)
-    ]
-    bursts = [ids[3 + n * args.streams : 3 + (n + 1) * args.streams] for n in range(args.bursts)]
-    return voice, Texts(ids[0], ids[1], ids[2], bursts), hp.sample_rate
+    singles = 1 + 2 * args.repeats  # the warm-up's, then the single requests' (as before repeats)
+    count = singles + args.streams * args.bursts
+    ids = [synthetic_text_ids(hp, args.tokens, seed=args.seed + i) for i in range(count)]
+    bursts = [ids[singles + n * args.streams : singles + (n + 1) * args.streams] for n in range(args.bursts)]
+    texts = Texts(ids[0], ids[1 : 1 + args.repeats], ids[1 + args.repeats : singles], bursts)
+    return voice, texts, hp.sample_rate
+
+
+@dataclasses.dataclass(frozen=True)
+class Singles:
+    """The single requests' seconds, one per repeat, in the order they ran."""
+
+    non_stream_s: list[float]
+    first_audio_s: list[float]
+    stream_s: list[float]
+    samples: int  # of a non-streaming request
+
+    def median_run(self) -> int:
+        """The index of the non-streaming run whose time is reported (the median; the lower
+        of the two middle ones for an even count, so that it is a run that happened)."""
+        return self.non_stream_s.index(statistics.median_low(self.non_stream_s))
+
+
+Synthesize = Callable[[tuple[int, ...], bool], tuple[float, float, int]]
+
+
+def _singles(side: str, synthesize: Synthesize, texts: Texts) -> Singles:
+    """The non-streaming requests, then the streaming ones (``synthesize(text, stream)``
+    returns the seconds to the first audio and to the end, and the samples made)."""
+    non_stream: list[float] = []
+    samples = 0
+    for n, text in enumerate(texts.non_stream):
+        _progress(f"{side}: non-streaming, {n + 1} of {len(texts.non_stream)}")
+        _, seconds, samples = synthesize(text, False)
+        non_stream.append(seconds)
+    first_audio: list[float] = []
+    whole: list[float] = []
+    for n, text in enumerate(texts.stream):
+        _progress(f"{side}: streaming, {n + 1} of {len(texts.stream)}")
+        first, seconds, _ = synthesize(text, True)
+        first_audio.append(first)
+        whole.append(seconds)
+    return Singles(non_stream, first_audio, whole, samples)
 
 
 # -- upstream --------------------------------------------------------------------------------
@@ -152,10 +193,7 @@ def run_upstream(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         synthesize(texts.warm_up, stream=True)
     force(args.tokens)
     peaks = _loaded()
-    _progress("upstream: non-streaming")
-    _, non_stream_s, samples = synthesize(texts.non_stream, stream=False)
-    _progress("upstream: streaming")
-    first_audio_s, stream_s, _ = synthesize(texts.stream, stream=True)
+    singles = _singles("upstream", synthesize, texts)
     single_peak = _phase_peak()
 
     def streams(burst: int) -> tuple[float, int]:
@@ -174,8 +212,7 @@ def run_upstream(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
 
     label = f"{args.streams} streams on {args.streams} threads"
     bursts = _bursts("upstream", label, streams, args.bursts, rate)
-    audio_s = samples / rate
-    return _side_report(load_s, non_stream_s, audio_s, first_audio_s, stream_s, bursts, peaks, single_peak)
+    return _side_report(load_s, singles, rate, bursts, peaks, single_peak)
 
 
 # -- ours ------------------------------------------------------------------------------------
@@ -239,12 +276,16 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
             asyncio.run(synthesize(texts.warm_up, False, WARM_UP_TOKENS))
             asyncio.run(synthesize(texts.warm_up, True, args.tokens))
         peaks = _loaded()
-        _progress("ours: non-streaming")
-        non_stream_stats = [engine.engine.stats.snapshot()]
-        _, non_stream_s, samples = asyncio.run(synthesize(texts.non_stream, False, args.tokens))
-        non_stream_stats.append(engine.engine.stats.snapshot())
-        _progress("ours: streaming")
-        first_audio_s, stream_s, _ = asyncio.run(synthesize(texts.stream, True, args.tokens))
+        non_stream_engine: list[dict[str, float]] = []
+
+        def single(text: tuple[int, ...], stream: bool) -> tuple[float, float, int]:
+            before = engine.engine.stats.snapshot()
+            result = asyncio.run(synthesize(text, stream, args.tokens))
+            if not stream:
+                non_stream_engine.append(_spent(before, engine.engine.stats.snapshot()))
+            return result
+
+        singles = _singles("ours", single, texts)
         single_peak = _phase_peak()
         snapshots = [engine.engine.stats.snapshot()]
 
@@ -256,8 +297,7 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         bursts = _bursts("ours", f"{args.streams} concurrent streams", burst, args.bursts, rate)
     finally:
         engine.shutdown()
-    audio_s = samples / rate
-    report = _side_report(load_s, non_stream_s, audio_s, first_audio_s, stream_s, bursts, peaks, single_peak)
+    report = _side_report(load_s, singles, rate, bursts, peaks, single_peak)
     precision = {
         "precision": model.precision.describe(),
         "kv_cache_dtype": str(config.dtype).removeprefix("torch."),
@@ -273,28 +313,32 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         "traced_flow": config.traced_flow,
     }
     report |= {"flow_cache_refusals": engine.engine.stats.flow_cache_refusals, "torch_threads": threads}
-    # Where each burst's time went: engine seconds per stage and batch sizes.
-    stages = [
-        "prefill_s",
-        "decode_s",
-        "flow_s",
-        "hift_s",
-        "decode_steps",
-        "flow_calls",
-        "flow_rows",
-        "hift_calls",
-        "hift_rows",
-    ]
-
-    def spent(before: Any, after: Any) -> dict[str, float]:
-        return {key: getattr(after, key) - getattr(before, key) for key in stages}
-
+    # Where each request's and burst's time went: engine seconds per stage and batch sizes.
     intervals = itertools.pairwise(snapshots)
     for burst_report, (before, after) in zip(report["streams_bursts"], intervals, strict=True):
-        burst_report["engine"] = spent(before, after)
+        burst_report["engine"] = _spent(before, after)
     report["streams_engine"] = report["streams_bursts"][0]["engine"]
-    report["non_stream_engine"] = spent(*non_stream_stats)
+    report["non_stream_engine"] = non_stream_engine[singles.median_run()]
+    report["non_stream_engine_runs"] = non_stream_engine
     return report | precision
+
+
+_ENGINE_STAGES = (
+    "prefill_s",
+    "decode_s",
+    "flow_s",
+    "hift_s",
+    "decode_steps",
+    "flow_calls",
+    "flow_rows",
+    "hift_calls",
+    "hift_rows",
+)
+
+
+def _spent(before: Any, after: Any) -> dict[str, float]:
+    """The engine's work between two :class:`EngineStats` snapshots, by stage."""
+    return {key: getattr(after, key) - getattr(before, key) for key in _ENGINE_STAGES}
 
 
 # -- the two processes and the report --------------------------------------------------------
@@ -340,10 +384,8 @@ def _bursts(
 
 def _side_report(
     load_s: float,
-    non_stream_s: float,
-    audio_s: float,
-    first_audio_s: float,
-    stream_s: float,
+    singles: Singles,
+    rate: int,
     bursts: list[dict[str, Any]],
     peaks: tuple[float, bool],
     single_peak: float,
@@ -354,10 +396,13 @@ def _side_report(
     after_load = max(single_peak, streams_peak)
     return {
         "load_s": load_s,
-        "non_stream_s": non_stream_s,
-        "audio_s": audio_s,
-        "first_audio_s": first_audio_s,
-        "stream_total_s": stream_s,
+        "non_stream_s": singles.non_stream_s[singles.median_run()],
+        "audio_s": singles.samples / rate,
+        "first_audio_s": statistics.median(singles.first_audio_s),
+        "stream_total_s": statistics.median(singles.stream_s),
+        "non_stream_runs_s": singles.non_stream_s,
+        "first_audio_runs_s": singles.first_audio_s,
+        "stream_total_runs_s": singles.stream_s,
         # The first burst under the names of the runs before bursts, then the last.
         "streams_wall_s": first["wall_s"],
         "streams_audio_s_per_s": first["audio_s_per_s"],
@@ -404,6 +449,8 @@ def _run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
         str(args.streams),
         "--bursts",
         str(args.bursts),
+        "--repeats",
+        str(args.repeats),
     ]
     command += ["--prompt-seconds", str(args.prompt_seconds), "--seed", str(args.seed)]
     if args.threads is not None:
@@ -439,6 +486,10 @@ def _ratios(reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         met = ratio <= target if relation == "<=" else ratio >= target
         out[key] = {"ratio": ratio, "target": f"{relation} {target:.4g}", "met": met}
     return out
+
+
+# The single requests' times, one per repeat (the table has their medians).
+_RUNS = ("non_stream_runs_s", "first_audio_runs_s", "stream_total_runs_s")
 
 
 def _table(reports: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]] | None) -> str:
@@ -477,6 +528,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=150, help="speech tokens forced per request")
     parser.add_argument("--streams", type=int, default=8, help="concurrent streams")
     parser.add_argument("--bursts", type=int, default=1, help="bursts of --streams, one after another")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="single requests of each kind; their medians are reported"
+    )
     parser.add_argument("--prompt-seconds", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -565,8 +619,8 @@ def main() -> None:
     if args.worker is not None:
         _worker(args)
         return
-    if args.bursts < 1:
-        parser.error("--bursts must be at least 1")
+    if args.bursts < 1 or args.repeats < 1:
+        parser.error("--bursts and --repeats must be at least 1")
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     if not sides or any(s not in SIDES for s in sides):
         parser.error(f"--sides takes {', '.join(SIDES)}")
@@ -586,6 +640,9 @@ def main() -> None:
         f"/proc/loadavg before: {uptime}"
     )
     print(_table(reports, ratios), end="")
+    for side, report in reports.items():
+        runs = (f"{key} " + ", ".join(f"{t:.2f}" for t in report[key]) for key in _RUNS)
+        print(f"{side}, each run (s): " + "; ".join(runs))
     if args.json is not None:
         settings = vars(args) | {"model_dir": str(args.model_dir), "json": str(args.json)}
         summary = {"args": settings, "loadavg_before": uptime, "reports": reports, "ratios": ratios}
