@@ -19,7 +19,6 @@ from cosyserve.models.flow.flow import Flow, flow_checkpoint_table
 from cosyserve.models.hift.generator import HiFTGenerator, hift_checkpoint_table
 from cosyserve.models.lm import CosyVoice2LM, lm_checkpoint_table
 from cosyserve.models.lm_compile import compile_lm_
-from cosyserve.models.packed_conv import pack_conv1ds_
 from cosyserve.models.packed_linear import pack_linears_
 from cosyserve.models.precision import Dtype, FlowQuantization, Precision, Quantization
 from cosyserve.models.quantize import fp16_weights_, quantize_lm_
@@ -102,8 +101,6 @@ def _load_model(path: Path | str, precision: Precision) -> LoadedModel:
     hift = HiFTGenerator(hp.hift)
     load_checkpoint(hift, model_dir.hift, hift_checkpoint_table(hp.hift))
     hift.to(precision.torch_device, precision.hift_dtype)
-    if not precision.on_cuda:
-        pack_conv1ds_(hift)
     for module in (lm, flow, hift):
         module.eval().requires_grad_(False)
     speakers = {name: emb.reshape(-1) for name, emb in model_dir.read_spk2info().items()}

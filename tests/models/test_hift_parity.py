@@ -18,7 +18,6 @@ from cosyserve.models.hift import (
     hift_checkpoint_table,
     vocode_chunk,
 )
-from cosyserve.models.packed_conv import conv_packing_available, pack_conv1ds_
 from cosyserve.weights.checkpoint import load_checkpoint, to_checkpoint
 from cosyserve.weights.randomize import randomize_
 from tests.upstream import load_yaml_sections, upstream
@@ -46,9 +45,8 @@ def _upstream_hift(preset_yaml: str) -> Any:
     return load_yaml_sections(preset_yaml, ("hift",))["hift"].eval()
 
 
-@pytest.fixture(scope="module", params=["torch convolutions", "packed convolutions"])
-def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Pair:
-    """Ours as built, and with its convolutions packed for oneDNN as the CPU loader packs them."""
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Pair:
     source = HiFTGenerator(CFG)
     randomize_(source, _seeded(0))
     with torch.no_grad():
@@ -66,10 +64,6 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     theirs.load_state_dict(torch.load(path, weights_only=True), strict=True)
     ours = HiFTGenerator(CFG).eval()
     load_checkpoint(ours, path, hift_checkpoint_table(CFG))
-    if request.param == "packed convolutions":
-        if not conv_packing_available():
-            pytest.skip("no oneDNN packed float32 convolutions on this CPU")
-        assert pack_conv1ds_(ours) > 0
     return Pair(ours=ours, theirs=theirs, path=path)
 
 
