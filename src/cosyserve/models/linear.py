@@ -20,3 +20,14 @@ def stacked_linear(*linears: nn.Linear) -> nn.Linear:
     # The stacked copies replace them: their memory-mapped pages need not stay resident.
     release_pages([linear.weight for linear in linears] + [b for b in biases if b is not None])
     return stacked
+
+
+def linear_rows(linear: nn.Linear, start: int) -> nn.Linear:
+    """A Linear computing ``linear``'s outputs from ``start`` on: its weight rows (and bias)
+    from ``start``, as views sharing ``linear``'s memory."""
+    width = linear.out_features - start
+    rows = nn.Linear(linear.in_features, width, bias=linear.bias is not None, device="meta")
+    rows.weight = nn.Parameter(linear.weight.detach()[start:], requires_grad=False)
+    if linear.bias is not None:
+        rows.bias = nn.Parameter(linear.bias.detach()[start:], requires_grad=False)
+    return rows

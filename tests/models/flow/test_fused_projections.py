@@ -29,8 +29,11 @@ def test_fused_projections_give_the_same_mel_frames(flow: Flow, dtype: torch.dty
     for streaming in (False, True):
         want = separate.inference(tokens, *voice, streaming=streaming, finalize=True)
         assert torch.equal(fused.inference(tokens, *voice, streaming=streaming, finalize=True), want)
-    # Compact caches recompute the history's keys and values with the stacked k/v rows.
-    assert all(m.kv is not None for m in attentions)
+    # Compact caches recompute the history's keys and values with qkv's k/v rows, viewed.
+    for m in attentions:
+        assert m.kv is not None and m.qkv is not None
+        assert m.kv.weight.untyped_storage().data_ptr() == m.qkv.weight.untyped_storage().data_ptr()
+        assert torch.equal(m.kv.weight, m.qkv.weight[m.heads * m.head_dim :])
     models = separate, fused, fused
     caches = separate.new_stream_cache(), fused.new_stream_cache(), fused.new_stream_cache(compact=True)
     schedule = ChunkSchedule(prompt, first_hop=5)

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from cosyserve.models.flow.attention import attention
 from cosyserve.models.flow.stream_cache import LayerStates
-from cosyserve.models.linear import stacked_linear
+from cosyserve.models.linear import linear_rows, stacked_linear
 from cosyserve.models.packed_linear import PackedLinear, packing_available
 
 # Output rows (batch x frames) up to which a convolution without packed weights runs as one
@@ -160,10 +160,11 @@ class SelfAttention(nn.Module):
     def fuse_projections_(self) -> None:
         """Replace ``q``, ``k`` and ``v`` by ``qkv``, their rows stacked: one GEMM per call
         instead of three, with the same outputs. A stream's first chunk (132-row GEMMs)
-        took 6 % less time (``docs/benchmarks.md``, "Time by kind of op"). ``kv`` stacks
-        ``k`` and ``v`` alone, for :meth:`keys_values` (0.5 MiB a layer in bfloat16)."""
-        self.kv = stacked_linear(self.k, self.v)
+        took 6 % less time (``docs/benchmarks.md``, "Time by kind of op"). ``kv`` computes
+        ``k`` and ``v`` alone, for :meth:`keys_values`: its weight is a view of ``qkv``'s
+        rows, with no memory of its own until packing (``pack_linears_``) copies it."""
         self.qkv = stacked_linear(self.q, self.k, self.v)
+        self.kv = linear_rows(self.qkv, self.heads * self.head_dim)
         del self.q, self.k, self.v
 
     def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
