@@ -132,3 +132,43 @@ def test_bfloat16_flow_error_is_no_worse_than_with_the_fused_kernel(
     monkeypatch.setattr(conformer, "attention", fused)
     with_fused = (mel(low) - reference).abs().mean().item()
     assert 0 < split < 1.25 * with_fused
+
+
+@pytest.mark.parametrize("keys", [50, 64])
+def test_whole_key_blocks_pads_keys_with_hidden_zeros(keys: int) -> None:
+    _, k, v = _qkv(torch.bfloat16, 30, keys)
+    bias = _causal_bias(30, keys, torch.bfloat16)
+    padded = -(-keys // attention.KEY_MULTIPLE) * attention.KEY_MULTIPLE
+    for given in (None, bias):
+        pk, pv, pb = attention.whole_key_blocks(k, v, given, torch.bfloat16)
+        assert pk.shape == pv.shape == (2, 4, padded, 16)
+        assert torch.equal(pk[:, :, :keys], k) and torch.equal(pv[:, :, :keys], v)
+        assert not pk[:, :, keys:].any() and not pv[:, :, keys:].any()
+        assert pb.dtype == torch.bfloat16 and pb.shape[-1] == padded
+        assert torch.equal(pb[..., :keys], torch.zeros(1, 1, 1, keys) if given is None else bias)
+        assert torch.isneginf(pb[..., keys:]).all()
+
+
+def test_padded_keys_give_the_unpadded_attention_within_rounding(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: True)  # the path that pads
+    q, k, v = _qkv(torch.bfloat16, 45, 45, seed=1)
+    for bias in (None, _causal_bias(45, 45, torch.bfloat16)):
+        out = flow_attention(q, k, v, bias)  # 45 keys run as 48 on this path
+        unpadded = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        exact = _exact(q, k, v, bias, 16**-0.5)
+        assert (out.double() - exact).abs().max() <= 2 * (unpadded.double() - exact).abs().max() + 1e-6
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_trace_pads_every_length_it_replays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The padding's sizes are traced, not constants: a trace recorded over 50 keys pads 37
+    and 64 keys as the eager call does."""
+    monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: True)
+
+    def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return flow_attention(q, k, v)
+
+    traced = torch.jit.trace(attend, _qkv(torch.bfloat16, 50, 50), check_trace=False)
+    for keys in (37, 64):
+        inputs = _qkv(torch.bfloat16, keys, keys, seed=keys)
+        assert torch.equal(traced(*inputs), attend(*inputs))
