@@ -137,26 +137,30 @@ def test_bfloat16_flow_error_is_no_worse_than_with_the_fused_kernel(
 @pytest.mark.parametrize("keys", [50, 64])
 def test_whole_key_blocks_pads_keys_with_hidden_zeros(keys: int) -> None:
     _, k, v = _qkv(torch.bfloat16, 30, keys)
-    bias = _causal_bias(30, keys, torch.bfloat16)
     padded = -(-keys // attention.KEY_MULTIPLE) * attention.KEY_MULTIPLE
-    for given in (None, bias):
-        pk, pv, pb = attention.whole_key_blocks(k, v, given, torch.bfloat16)
-        assert pk.shape == pv.shape == (2, 4, padded, 16)
-        assert torch.equal(pk[:, :, :keys], k) and torch.equal(pv[:, :, :keys], v)
-        assert not pk[:, :, keys:].any() and not pv[:, :, keys:].any()
-        assert pb.dtype == torch.bfloat16 and pb.shape[-1] == padded
-        assert torch.equal(pb[..., :keys], torch.zeros(1, 1, 1, keys) if given is None else bias)
-        assert torch.isneginf(pb[..., keys:]).all()
+    pk, pv, bias = attention.whole_key_blocks(k, v, torch.bfloat16)
+    assert pk.shape == pv.shape == (2, 4, padded, 16)
+    assert torch.equal(pk[:, :, :keys], k) and torch.equal(pv[:, :, :keys], v)
+    assert not pk[:, :, keys:].any() and not pv[:, :, keys:].any()
+    assert bias.dtype == torch.bfloat16 and bias.shape == (1, 1, 1, padded)
+    assert not bias[..., :keys].any() and torch.isneginf(bias[..., keys:]).all()
+
+
+def test_calls_with_a_bias_are_not_padded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: True)
+    monkeypatch.setattr(attention, "whole_key_blocks", None)  # would fail if called
+    q, k, v = _qkv(torch.bfloat16, 30, 45)
+    bias = _causal_bias(30, 45, torch.bfloat16)
+    assert torch.equal(flow_attention(q, k, v, bias), F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
 
 
 def test_padded_keys_give_the_unpadded_attention_within_rounding(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: True)  # the path that pads
     q, k, v = _qkv(torch.bfloat16, 45, 45, seed=1)
-    for bias in (None, _causal_bias(45, 45, torch.bfloat16)):
-        out = flow_attention(q, k, v, bias)  # 45 keys run as 48 on this path
-        unpadded = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-        exact = _exact(q, k, v, bias, 16**-0.5)
-        assert (out.double() - exact).abs().max() <= 2 * (unpadded.double() - exact).abs().max() + 1e-6
+    out = flow_attention(q, k, v)  # 45 keys run as 48 on this path
+    unpadded = F.scaled_dot_product_attention(q, k, v)
+    exact = _exact(q, k, v, None, 16**-0.5)
+    assert (out.double() - exact).abs().max() <= 2 * (unpadded.double() - exact).abs().max() + 1e-6
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -24,7 +24,8 @@ from torch import Tensor
 # Score elements computed at once (32 MiB in bfloat16): longer inputs run in query blocks,
 # so a long or widely batched sequence never holds its whole score matrix.
 MAX_SCORES = 1 << 24
-# The fused bfloat16 kernel's keys are padded to a multiple of this (:func:`whole_key_blocks`).
+# Keys of the fused bfloat16 kernel's calls without a bias are padded to a multiple of this
+# (:func:`whole_key_blocks`).
 KEY_MULTIPLE = 16
 
 
@@ -45,28 +46,28 @@ def attention(
     """
     if q.dtype != torch.bfloat16 or q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
-    if fused_cpu_bf16():
-        return F.scaled_dot_product_attention(q, *whole_key_blocks(k, v, bias, q.dtype), scale=scale)
-    return split_attention(q, k, v, bias, scale)
+    if not fused_cpu_bf16():
+        return split_attention(q, k, v, bias, scale)
+    if bias is None:
+        return F.scaled_dot_product_attention(q, *whole_key_blocks(k, v, q.dtype), scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
 
-def whole_key_blocks(
-    k: Tensor, v: Tensor, bias: Tensor | None, dtype: torch.dtype
-) -> tuple[Tensor, Tensor, Tensor]:
+def whole_key_blocks(k: Tensor, v: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
     """``k``, ``v`` (B, H, K, d) padded with zeros to a multiple of :data:`KEY_MULTIPLE` keys,
-    and ``bias`` (broadcast to (B, H, T, K); None: every key seen) padded to match with
-    -inf, which hides the padding; a new bias is in ``dtype``.
+    and a bias (1, 1, 1, K') in ``dtype`` that hides the padding (-inf) and nothing else.
 
     torch's bfloat16 CPU kernel (AMX) takes 1.3-1.6 ms for a 450-query layer (2 CFG rows x 8
-    heads) over 448, 464 or 480 keys, but 2.0-2.9 ms over 446, 452, 454 or 458 and
+    heads) over 448, 450, 464 or 480 keys, but 2.0-2.9 ms over 446, 452, 454 or 458 and
     2.4-6.1 ms over 466 or 478; padded with the bias the slow lengths run as fast as the
-    fast ones (``docs/benchmarks.md``, "Run 52"). The sums differ from the unpadded
+    fast ones (``docs/benchmarks.md``, "Runs 52-53"). Only calls without a bias of their own
+    are padded (a non-streaming request's flow): padding a stream's calls, which carry
+    one, cost its chunks time and memory (run 53). The sums differ from the unpadded
     kernel's in the output's last bit. Sizes are computed with tensor ops, so a trace
     recorded at one length pads every other length right."""
     keys = k.shape[-2]
     pad = (-keys) % KEY_MULTIPLE
-    if bias is None:
-        bias = torch.zeros_like(k[:1, :1, :, 0], dtype=dtype).unsqueeze(2)  # (1, 1, 1, K)
+    bias = torch.zeros_like(k[:1, :1, :, 0], dtype=dtype).unsqueeze(2)  # (1, 1, 1, K)
     return F.pad(k, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad)), F.pad(bias, (0, pad), value=float("-inf"))
 
 
