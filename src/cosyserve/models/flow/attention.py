@@ -60,7 +60,7 @@ def whole_key_blocks(k: Tensor, v: Tensor, dtype: torch.dtype) -> tuple[Tensor, 
     torch's bfloat16 CPU kernel (AMX) takes 1.3-1.6 ms for a 450-query layer (2 CFG rows x 8
     heads) over 448, 450, 464 or 480 keys, but 2.0-2.9 ms over 446, 452, 454 or 458 and
     2.4-6.1 ms over 466 or 478; padded with the bias the slow lengths run as fast as the
-    fast ones (``docs/benchmarks.md``, "Runs 52-53"). Only calls without a bias of their own
+    fast ones (``docs/benchmarks.md``, "Runs 52-54"). Only calls without a bias of their own
     are padded (a non-streaming request's flow): padding a stream's calls, which carry
     one, cost its chunks time and memory (run 53). The sums differ from the unpadded
     kernel's in the output's last bit. Sizes are computed with tensor ops, so a trace

@@ -76,9 +76,9 @@ class Flow(nn.Module):
         (:meth:`SelfAttention.fuse_projections_`): the same outputs from fewer, larger GEMMs.
         The loader does this once the checkpoint is read (the checkpoint table names the
         separate projections). The stacked weights are a copy: with float32 weights, which
-        otherwise stay memory-mapped from ``flow.pt``, 140 MiB of private memory on the
-        full-size model (84 MiB for ``qkv``, whose k and v rows the ``kv`` of compact caches
-        views; packed bfloat16 weights copy ``kv``, 28 MiB)."""
+        otherwise stay memory-mapped from ``flow.pt``, 84 MiB of private memory on the
+        full-size model. The ``kv`` of compact caches views ``qkv``'s k and v rows (packed
+        bfloat16 weights copy it: 28 MiB)."""
         for module in self.modules():
             if isinstance(module, SelfAttention):
                 module.fuse_projections_()
