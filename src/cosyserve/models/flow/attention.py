@@ -44,12 +44,11 @@ def attention(
     to ``(B, H, T, K)`` (a large negative value hides a key), or None; ``scale``: default
     ``1/√d``. Returns ``(B, H, T, d)``.
     """
-    if q.dtype != torch.bfloat16 or q.device.type != "cpu":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
-    if not fused_cpu_bf16():
-        return split_attention(q, k, v, bias, scale)
-    if bias is None:
-        return F.scaled_dot_product_attention(q, *whole_key_blocks(k, v, q.dtype), scale=scale)
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+        if not fused_cpu_bf16():
+            return split_attention(q, k, v, bias, scale)
+        if bias is None:
+            k, v, bias = whole_key_blocks(k, v, q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
 

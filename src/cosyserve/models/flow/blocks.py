@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from cosyserve.models.flow.attention import attention
 from cosyserve.models.flow.stream_cache import LayerStates
-from cosyserve.models.linear import linear_rows, stacked_linear
+from cosyserve.models.linear import linear_on, linear_rows, stacked_linear
 from cosyserve.models.packed_linear import PackedLinear, packing_available
 
 # Output rows (batch x frames) up to which a convolution without packed weights runs as one
@@ -72,12 +72,7 @@ def pack_convs_(module: nn.Module) -> int:
         return 0
     convs = [m for m in module.modules() if isinstance(m, nn.Conv1d) and m.weight.dtype == torch.bfloat16]
     for conv in convs:
-        with torch.device("meta"):  # the parameters are the convolution's own, set below
-            view = nn.Linear(conv.in_channels * conv.kernel_size[0], conv.out_channels, conv.bias is not None)
-        view.weight = nn.Parameter(conv.weight.detach().view(conv.out_channels, -1), requires_grad=False)
-        if conv.bias is not None:
-            view.bias = nn.Parameter(conv.bias.detach(), requires_grad=False)
-        conv.gemm = PackedLinear(view)
+        conv.gemm = PackedLinear(linear_on(conv.weight.view(conv.out_channels, -1), conv.bias))
     return len(convs)
 
 
