@@ -134,45 +134,85 @@ def test_bfloat16_flow_error_is_no_worse_than_with_the_fused_kernel(
     assert 0 < split < 1.25 * with_fused
 
 
-@pytest.mark.parametrize("keys", [50, 64])
-def test_whole_key_blocks_pads_keys_with_hidden_zeros(keys: int) -> None:
-    _, k, v = _qkv(torch.bfloat16, 30, keys)
-    padded = -(-keys // attention.KEY_MULTIPLE) * attention.KEY_MULTIPLE
-    pk, pv, bias = attention.whole_key_blocks(k, v, torch.bfloat16)
-    assert pk.shape == pv.shape == (2, 4, padded, 16)
-    assert torch.equal(pk[:, :, :keys], k) and torch.equal(pv[:, :, :keys], v)
-    assert not pk[:, :, keys:].any() and not pv[:, :, keys:].any()
+@pytest.mark.parametrize("rows", [50, 64])
+def test_whole_key_rows_pads_rows_with_hidden_zeros(rows: int) -> None:
+    x = torch.randn(2, rows, 24).to(torch.bfloat16)
+    padded = -(-rows // attention.KEY_MULTIPLE) * attention.KEY_MULTIPLE
+    px, bias = attention.whole_key_rows(x)
+    assert px.shape == (2, padded, 24)
+    assert torch.equal(px[:, :rows], x) and not px[:, rows:].any()
     assert bias.dtype == torch.bfloat16 and bias.shape == (1, 1, 1, padded)
-    assert not bias[..., :keys].any() and torch.isneginf(bias[..., keys:]).all()
+    assert not bias[..., :rows].any() and torch.isneginf(bias[..., rows:]).all()
+
+
+def test_only_bfloat16_calls_without_a_bias_on_the_fused_kernel_pad(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.randn(2, 30, 24)
+    bias = _causal_bias(30, 30, torch.bfloat16)
+    monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: True)
+    assert attention.pads_keys(x.to(torch.bfloat16), None)
+    assert not attention.pads_keys(x.to(torch.bfloat16), bias)
+    assert not attention.pads_keys(x, None)
+    monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: False)
+    assert not attention.pads_keys(x.to(torch.bfloat16), None)
+
+
+def _self_attention(seed: int = 0) -> blocks.SelfAttention:
+    torch.manual_seed(seed)
+    layer = blocks.SelfAttention(24, heads=4, head_dim=16)
+    layer.fuse_projections_()
+    return layer.to(torch.bfloat16).eval().requires_grad_(False)
 
 
 def test_calls_with_a_bias_are_not_padded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: True)
-    monkeypatch.setattr(attention, "whole_key_blocks", None)  # would fail if called
-    q, k, v = _qkv(torch.bfloat16, 30, 45)
-    bias = _causal_bias(30, 45, torch.bfloat16)
-    assert torch.equal(flow_attention(q, k, v, bias), F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
+    monkeypatch.setattr(blocks, "whole_key_rows", None)  # would fail if called
+    layer = _self_attention()
+    x = torch.randn(2, 30, 24).to(torch.bfloat16)
+    bias = _causal_bias(30, 30, torch.bfloat16)
+    with torch.inference_mode():
+        assert layer(x, bias).shape == (2, 30, 24)
 
 
 def test_padded_keys_give_the_unpadded_attention_within_rounding(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: True)  # the path that pads
-    q, k, v = _qkv(torch.bfloat16, 45, 45, seed=1)
-    out = flow_attention(q, k, v)  # 45 keys run as 48 on this path
-    unpadded = F.scaled_dot_product_attention(q, k, v)
-    exact = _exact(q, k, v, None, 16**-0.5)
-    assert (out.double() - exact).abs().max() <= 2 * (unpadded.double() - exact).abs().max() + 1e-6
+    layer = _self_attention(seed=1)
+    x = torch.randn(2, 45, 24).to(torch.bfloat16)  # 45 keys run as 48 on the path that pads
+    with torch.inference_mode():
+        monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: True)
+        padded = layer(x, None)
+        monkeypatch.setattr(blocks, "pads_keys", lambda x, bias: False)
+        unpadded = layer(x, None)
+        exact = _float64_self_attention(layer, x)
+    assert padded.shape == unpadded.shape == (2, 45, 24)
+    assert (padded.double() - exact).abs().max() <= 2 * (unpadded.double() - exact).abs().max() + 1e-6
+
+
+def _float64_self_attention(layer: blocks.SelfAttention, x: Tensor) -> Tensor:
+    """The layer's output computed in float64 from its (bfloat16) weights and input."""
+    assert layer.qkv is not None
+    q, k, v = (x.double() @ layer.qkv.weight.double().T).chunk(3, dim=-1)
+    q, k, v = (p.view(2, -1, 4, 16).transpose(1, 2) for p in (q, k, v))
+    out = _exact(q, k, v, None, 16**-0.5).transpose(1, 2).reshape(2, -1, 64)
+    return out @ layer.out.weight.double().T + layer.out.bias.double()
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_trace_pads_every_length_it_replays(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The padding's sizes are traced, not constants: a trace recorded over 50 keys pads 37
-    and 64 keys as the eager call does."""
+    """The padding's sizes are traced, not constants: a trace recorded over 50 rows pads 37
+    and 64 rows as the eager call does."""
     monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: True)
+    layer = _self_attention(seed=2)
 
-    def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return flow_attention(q, k, v)
+    def attend(x: Tensor) -> Tensor:
+        return layer(x, None)
 
-    traced = torch.jit.trace(attend, _qkv(torch.bfloat16, 50, 50), check_trace=False)
-    for keys in (37, 64):
-        inputs = _qkv(torch.bfloat16, keys, keys, seed=keys)
-        assert torch.equal(traced(*inputs), attend(*inputs))
+    def rows(count: int) -> Tensor:
+        return torch.randn(2, count, 24, generator=torch.Generator().manual_seed(count)).to(torch.bfloat16)
+
+    with torch.no_grad():  # a trace cannot record inference-mode tensors
+        traced = torch.jit.trace(attend, (rows(50),), check_trace=False)
+        padding = torch.jit.trace(attention.whole_key_rows, (rows(50),), check_trace=False)
+        for count, padded in ((37, 48), (64, 64)):
+            assert torch.equal(traced(rows(count)), attend(rows(count)))
+            x, bias = padding(rows(count))
+            assert x.shape == (2, padded, 24) and bias.shape == (1, 1, 1, padded)
+            assert torch.isneginf(bias[..., count:]).all() and not bias[..., :count].any()

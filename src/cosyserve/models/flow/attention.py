@@ -24,8 +24,8 @@ from torch import Tensor
 # Score elements computed at once (32 MiB in bfloat16): longer inputs run in query blocks,
 # so a long or widely batched sequence never holds its whole score matrix.
 MAX_SCORES = 1 << 24
-# Keys of the fused bfloat16 kernel's calls without a bias are padded to a multiple of this
-# (:func:`whole_key_blocks`).
+# The fused bfloat16 kernel's calls without a bias get keys padded to a multiple of this
+# (:func:`whole_key_rows`).
 KEY_MULTIPLE = 16
 
 
@@ -44,30 +44,37 @@ def attention(
     to ``(B, H, T, K)`` (a large negative value hides a key), or None; ``scale``: default
     ``1/√d``. Returns ``(B, H, T, d)``.
     """
-    if q.dtype == torch.bfloat16 and q.device.type == "cpu":
-        if not fused_cpu_bf16():
-            return split_attention(q, k, v, bias, scale)
-        if bias is None:
-            k, v, bias = whole_key_blocks(k, v, q.dtype)
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and not fused_cpu_bf16():
+        return split_attention(q, k, v, bias, scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
 
-def whole_key_blocks(k: Tensor, v: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
-    """``k``, ``v`` (B, H, K, d) padded with zeros to a multiple of :data:`KEY_MULTIPLE` keys,
-    and a bias (1, 1, 1, K') in ``dtype`` that hides the padding (-inf) and nothing else.
+def pads_keys(x: Tensor, bias: Tensor | None) -> bool:
+    """Whether an attention layer's input ``x`` is padded by :func:`whole_key_rows`: in
+    bfloat16 on a CPU with AMX (torch's fused kernel), in calls without a bias of their
+    own (a non-streaming request's flow). Padding a stream's calls, which carry one, cost
+    its chunks time and memory (``docs/benchmarks.md``, run 53)."""
+    return bias is None and x.dtype == torch.bfloat16 and x.device.type == "cpu" and fused_cpu_bf16()
+
+
+def whole_key_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``x`` (B, T, C) padded with zero rows to a multiple of :data:`KEY_MULTIPLE`, and a
+    bias (1, 1, 1, T') in ``x``'s dtype that hides the padding (-inf) and nothing else.
 
     torch's bfloat16 CPU kernel (AMX) takes 1.3-1.6 ms for a 450-query layer (2 CFG rows x 8
     heads) over 448, 450, 464 or 480 keys, but 2.0-2.9 ms over 446, 452, 454 or 458 and
     2.4-6.1 ms over 466 or 478; padded with the bias the slow lengths run as fast as the
-    fast ones (``docs/benchmarks.md``, "Runs 52-54"). Only calls without a bias of their own
-    are padded (a non-streaming request's flow): padding a stream's calls, which carry
-    one, cost its chunks time and memory (run 53). The sums differ from the unpadded
-    kernel's in the output's last bit. Sizes are computed with tensor ops, so a trace
-    recorded at one length pads every other length right."""
-    keys = k.shape[-2]
-    pad = (-keys) % KEY_MULTIPLE
-    bias = torch.zeros_like(k[:1, :1, :, 0], dtype=dtype).unsqueeze(2)  # (1, 1, 1, K)
-    return F.pad(k, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad)), F.pad(bias, (0, pad), value=float("-inf"))
+    fast ones (``docs/benchmarks.md``, "Runs 52-54"). A layer's input is padded rather than
+    its keys and values: projected, the zero rows are zero keys and values, and one copy
+    of C channels replaces two of the inner width each (a 450-row layer: 2.42 against
+    2.51 ms, the same bits). The attention's queries are the first T rows. Sizes are
+    computed with tensor ops, so a trace recorded at one length pads every other length
+    right."""
+    rows = x.shape[1]
+    pad = (-rows) % KEY_MULTIPLE
+    bias = torch.zeros_like(x[:1, :, 0])  # (1, T)
+    bias = F.pad(bias, (0, pad), value=float("-inf"))
+    return F.pad(x, (0, 0, 0, pad)), bias[:, None, None]  # (B, T', C), (1, 1, 1, T')
 
 
 def split_attention(

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cosyserve.models.flow.attention import attention
+from cosyserve.models.flow.attention import attention, pads_keys, whole_key_rows
 from cosyserve.models.flow.stream_cache import LayerStates
 from cosyserve.models.linear import linear_on, linear_rows, stacked_linear
 from cosyserve.models.packed_linear import PackedLinear, packing_available
@@ -175,16 +175,19 @@ class SelfAttention(nn.Module):
         """``x``: ``(B, T, C)``; ``bias``: ``(B, 1, T, K)`` additive, or None to attend to
         every key. Returns ``(B, T, C)``.
 
-        The keys are the queries (``K = T``), or with ``states`` (incremental streaming)
-        the ``states.length`` cached positions followed by ``x``'s."""
+        The keys are the queries (``K = T``; padded with hidden zero keys where
+        :func:`~cosyserve.models.flow.attention.pads_keys`), or with ``states`` (incremental
+        streaming) the ``states.length`` cached positions followed by ``x``'s."""
         batch, size, _ = x.shape
-        shape = (batch, size, self.heads, self.head_dim)
+        if states is None and pads_keys(x, bias):
+            x, bias = whole_key_rows(x)  # zero rows: zero keys and values, hidden by the bias
+        shape = (batch, -1, self.heads, self.head_dim)
         fused = self.qkv
         projected = (self.q(x), self.k(x), self.v(x)) if fused is None else fused(x).chunk(3, dim=-1)
-        q, k, v = (p.view(shape).transpose(1, 2) for p in projected)  # (B, H, T, hd)
+        q, k, v = (p.view(shape).transpose(1, 2) for p in projected)  # (B, H, T', hd)
         if states is not None:
             k, v = states.attend(self, k, v, x)  # (B, H, K, hd)
-        out = attention(q, k, v, bias)
+        out = attention(q[:, :, :size], k, v, bias)
         y: Tensor = self.out(out.transpose(1, 2).reshape(batch, size, self.heads * self.head_dim))
         return y
 
