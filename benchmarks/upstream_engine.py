@@ -9,7 +9,12 @@ Both sides get the same synthetic zero-shot prompt (``--prompt-seconds`` of rand
 tokens, mel and embedding, and a transcript), the same text ids and exactly ``--tokens``
 speech tokens per request (upstream forced as upstream-cpu-baseline.md describes: min_len =
 max_len = N with all three stop ids masked). Each side runs in its own subprocess, so its
-peak RSS is its own, and measures, after a warm-up (one short non-streaming request and
+peak RSS is its own. The two processes take turns (``--interleave``, the default;
+``benchmarks/turns.py``): one loads while the other waits, then the single requests run
+one at a time, upstream's first, ours next, and so on, then each side's bursts. On this VM
+the speed moves by 5-10 % within minutes, and run 55 (sides one after the other) saw our
+memory-bound decode 10 % slower than an hour before; in turns each pair of requests meets
+the same machine. Each side measures, after a warm-up (one short non-streaming request and
 one stream of ``--tokens`` tokens of the same voice; every request has a text of its own,
 none repeated, since our LM's prefix cache would serve a repeated text's prefill; on our
 side the stream primes the voice's flow prompt states, as the first stream of a registered
@@ -61,6 +66,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # tests/ (the upstream stand-ins) is not an installed package
     sys.path.insert(0, str(REPO))
+
+from turns import Turns, take_turns  # noqa: E402
 
 from cosyserve.bench.engine_bench import peak_rss_mb, reset_peak_rss  # noqa: E402
 from cosyserve.bench.workload import synthetic_text_ids, synthetic_voice  # noqa: E402
@@ -124,18 +131,21 @@ class Singles:
 Synthesize = Callable[[tuple[int, ...], bool], tuple[float, float, int]]
 
 
-def _singles(side: str, synthesize: Synthesize, texts: Texts) -> Singles:
+def _singles(side: str, synthesize: Synthesize, texts: Texts, turns: Turns) -> Singles:
     """The non-streaming requests, then the streaming ones (``synthesize(text, stream)``
-    returns the seconds to the first audio and to the end, and the samples made)."""
+    returns the seconds to the first audio and to the end, and the samples made), each in
+    its turn."""
     non_stream: list[float] = []
     samples = 0
     for n, text in enumerate(texts.non_stream):
+        turns.wait()
         _progress(f"{side}: non-streaming, {n + 1} of {len(texts.non_stream)}")
         _, seconds, samples = synthesize(text, False)
         non_stream.append(seconds)
     first_audio: list[float] = []
     whole: list[float] = []
     for n, text in enumerate(texts.stream):
+        turns.wait()
         _progress(f"{side}: streaming, {n + 1} of {len(texts.stream)}")
         first, seconds, _ = synthesize(text, True)
         first_audio.append(first)
@@ -149,6 +159,8 @@ def _singles(side: str, synthesize: Synthesize, texts: Texts) -> Singles:
 def run_upstream(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     from tests.pipeline.upstream_model import build_upstream_model, forced_length, full_mask_step
 
+    turns = Turns(args.take_turns)
+    turns.wait()
     voice, texts, rate = workload(model_dir, args)
     start = time.perf_counter()
     model = build_upstream_model(model_dir)
@@ -193,7 +205,7 @@ def run_upstream(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         synthesize(texts.warm_up, stream=True)
     force(args.tokens)
     peaks = _loaded()
-    singles = _singles("upstream", synthesize, texts)
+    singles = _singles("upstream", synthesize, texts, turns)
     single_peak = _phase_peak()
 
     def streams(burst: int) -> tuple[float, int]:
@@ -211,6 +223,7 @@ def run_upstream(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         return time.perf_counter() - begin, sum(r[2] for r in results)
 
     label = f"{args.streams} streams on {args.streams} threads"
+    turns.wait()
     bursts = _bursts("upstream", label, streams, args.bursts, rate)
     return _side_report(load_s, singles, rate, bursts, peaks, single_peak)
 
@@ -225,6 +238,8 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     from cosyserve.loader import engine_config_for, load_model
     from cosyserve.parallelism import hand_over_threads
 
+    turns = Turns(args.take_turns)
+    turns.wait()
     threads = hand_over_threads()  # as the server's event loop: model work on the engine's thread only
     voice, texts, rate = workload(model_dir, args)
     start = time.perf_counter()
@@ -285,7 +300,7 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
                 non_stream_engine.append(_spent(before, engine.engine.stats.snapshot()))
             return result
 
-        singles = _singles("ours", single, texts)
+        singles = _singles("ours", single, texts, turns)
         single_peak = _phase_peak()
         snapshots = [engine.engine.stats.snapshot()]
 
@@ -294,6 +309,7 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
             snapshots.append(engine.engine.stats.snapshot())
             return done
 
+        turns.wait()
         bursts = _bursts("ours", f"{args.streams} concurrent streams", burst, args.bursts, rate)
     finally:
         engine.shutdown()
@@ -438,7 +454,34 @@ def _worker(args: argparse.Namespace) -> None:
     print(json.dumps(run(args.model_dir, args)))
 
 
+def _steps(args: argparse.Namespace) -> int:
+    """How often a worker waits for its turn: before loading, before each single request and
+    before its bursts."""
+    return 2 + 2 * int(args.repeats)
+
+
+def _run_interleaved(sides: list[str], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Both sides' workers alive at once, taking turns (``benchmarks/turns.py``): each one's
+    loading and warm-up, then each single request, side after side; then each one's
+    bursts."""
+    load_before = os.getloadavg()
+    commands = {side: [*_command(side, args), "--take-turns"] for side in sides}
+    reports = {side: json.loads(line) for side, line in take_turns(commands, _steps(args)).items()}
+    for report in reports.values():
+        report["load_average_before"] = load_before
+    return reports
+
+
 def _run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
+    load_before = os.getloadavg()
+    done = subprocess.run(_command(side, args), check=True, stdout=subprocess.PIPE, text=True)
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    report["load_average_before"] = load_before
+    return report
+
+
+def _command(side: str, args: argparse.Namespace) -> list[str]:
+    """The worker command line of ``side``."""
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", side]
     command += [
         "--model-dir",
@@ -472,11 +515,7 @@ def _run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
     command += ["--dtype", args.dtype, "--quantize", args.quantize, "--flow-quantize", args.flow_quantize]
     if not args.warm_up:
         command.append("--no-warm-up")
-    load_before = os.getloadavg()
-    done = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)
-    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    report["load_average_before"] = load_before
-    return report
+    return command
 
 
 def _ratios(reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -614,7 +653,16 @@ def main() -> None:
         "has idled (run 48 in docs/benchmarks.md: it did not change our side's numbers)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the reports and ratios here")
+    parser.add_argument(
+        "--interleave",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="both sides' processes alive at once, each single request in turn, side after side "
+        "(default; docs/benchmarks.md, run 56); --no-interleave runs one side's process after "
+        "the other's",
+    )
     parser.add_argument("--worker", choices=SIDES, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--take-turns", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
         _worker(args)
@@ -626,12 +674,17 @@ def main() -> None:
         parser.error(f"--sides takes {', '.join(SIDES)}")
     uptime = Path("/proc/loadavg").read_text().strip() if Path("/proc/loadavg").exists() else "n/a"
     _progress(f"load average before: {uptime}")
-    reports = {}
-    for side in sides:
-        if args.settle_s > 0:
-            _progress(f"{args.settle_s:g} s idle before {side}")
-            time.sleep(args.settle_s)
-        reports[side] = _run_side(side, args)
+    if args.interleave and args.settle_s > 0:
+        parser.error("--settle-s idles before each side's process: it needs --no-interleave")
+    if args.interleave:
+        reports = _run_interleaved(sides, args)
+    else:
+        reports = {}
+        for side in sides:
+            if args.settle_s > 0:
+                _progress(f"{args.settle_s:g} s idle before {side}")
+                time.sleep(args.settle_s)
+            reports[side] = _run_side(side, args)
     ratios = _ratios(reports) if len(reports) == 2 else None
     print(
         f"{args.tokens} tokens ({args.tokens / 25:.2f} s of audio) per request, {args.streams} streams, "

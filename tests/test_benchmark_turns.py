@@ -1,0 +1,96 @@
+"""``benchmarks/turns.py``: worker processes run their steps one at a time, in turn; and
+``benchmarks/upstream_engine.py`` runs both sides that way."""
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+
+# A worker of ``steps`` steps that logs when each starts and ends, noise on stdout included.
+WORKER = """
+import json, sys, time
+sys.path.insert(0, sys.argv[4])
+from turns import Turns
+name, steps, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+turns = Turns(True)
+for step in range(steps):
+    turns.wait()
+    print("a line of the worker's own")
+    with open(log, "a") as f:
+        f.write(f"{name} {step} start\\n")
+    time.sleep(0.05)
+    with open(log, "a") as f:
+        f.write(f"{name} {step} end\\n")
+print(json.dumps({"worker": name}))
+"""
+
+
+@pytest.fixture
+def turns(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # as when the benchmarks run as scripts
+    return importlib.import_module("turns")
+
+
+def _worker(name: str, steps: int, log: Path) -> list[str]:
+    return [sys.executable, "-c", WORKER, name, str(steps), str(log), str(BENCHMARKS)]
+
+
+def test_workers_run_each_step_alone_and_in_turn(turns: ModuleType, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    reports = turns.take_turns({"a": _worker("a", 3, log), "b": _worker("b", 3, log)}, steps=3)
+    assert {name: json.loads(line) for name, line in reports.items()} == {
+        "a": {"worker": "a"},
+        "b": {"worker": "b"},
+    }
+    expected = [f"{name} {step} {edge}" for step in range(3) for name in "ab" for edge in ("start", "end")]
+    assert log.read_text().splitlines() == expected
+
+
+def test_a_worker_that_ends_early_fails_the_run_and_none_is_left(turns: ModuleType, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    workers = {"a": _worker("a", 3, log), "short": _worker("short", 1, log)}
+    with pytest.raises(RuntimeError, match="short ended before its turn"):
+        turns.take_turns(workers, steps=3)
+    assert _processes_naming(log) == []
+
+
+def _processes_naming(path: Path) -> list[int]:
+    """The processes whose command line names ``path``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(path).encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+def test_upstream_engine_interleaves_the_two_sides(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    command = [sys.executable, str(BENCHMARKS / "upstream_engine.py"), "--model-dir", str(tiny_model_dir)]
+    command += [
+        "--tokens",
+        "10",
+        "--streams",
+        "2",
+        "--repeats",
+        "2",
+        "--prompt-seconds",
+        "1",
+        "--json",
+        str(out),
+    ]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    singles = [line.split("] ", 1)[1] for line in done.stderr.splitlines() if "streaming, " in line]
+    kinds = [f"{kind}, {n} of 2" for kind in ("non-streaming", "streaming") for n in (1, 2)]
+    assert singles == [f"{side}: {kind}" for kind in kinds for side in ("upstream", "ours")]
+    reports = json.loads(out.read_text())["reports"]
+    for side in ("upstream", "ours"):
+        assert len(reports[side]["non_stream_runs_s"]) == 2 and reports[side]["streams_audio_s_per_s"] > 0
