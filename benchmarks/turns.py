@@ -43,11 +43,11 @@ def take_turns(commands: Mapping[str, Sequence[str]], steps: int) -> dict[str, s
             _await_ready(name, worker)
         for _ in range(steps - 1):
             for name, worker in workers.items():
-                _go(worker)
+                _go(name, worker)
                 _await_ready(name, worker)
         reports = {}
         for name, worker in workers.items():
-            _go(worker)
+            _go(name, worker)
             out, _ = worker.communicate()
             lines = out.strip().splitlines()
             if worker.returncode != 0 or not lines:
@@ -61,11 +61,14 @@ def take_turns(commands: Mapping[str, Sequence[str]], steps: int) -> dict[str, s
             worker.wait()
 
 
-def _go(worker: subprocess.Popen[str]) -> None:
+def _go(name: str, worker: subprocess.Popen[str]) -> None:
     stdin: IO[str] | None = worker.stdin
     assert stdin is not None
-    stdin.write("go\n")
-    stdin.flush()
+    try:
+        stdin.write("go\n")
+        stdin.flush()
+    except BrokenPipeError:
+        raise RuntimeError(f"{name} ended before its turn") from None
 
 
 def _await_ready(name: str, worker: subprocess.Popen[str]) -> None:
