@@ -15,7 +15,9 @@ stacked), the first listed being the reference:
   (``quantize.fp16_weights_``, ``flow_quantize = fp16``);
 - ``bf16``: bfloat16 with torch's ``F.linear``;
 - ``bf16-packed``: bfloat16 with the estimator's Linears packed for oneDNN
-  (``packed_linear.pack_linears_``, what loading a bf16 model does).
+  (``packed_linear.pack_linears_``, what loading a bf16 model does). Since 2026-12-06 its
+  feed-forwards apply their GELU in the packed call, before rounding
+  (``PackedLinear.gelu``), so its mel differs from ``bf16``'s by bfloat16 rounding.
 
 Each runs a stream's first chunk of ``--first-hop`` tokens after a ``--prompt``-token voice
 prompt primed whole (``Flow.prime_stream(whole=True)``, what the first audio waits for)

@@ -99,12 +99,15 @@ def test_flow_weights_compares_every_variant(tiny_model_dir: Path, tmp_path: Pat
 
 
 @pytest.mark.skipif(not packing_available(), reason="no oneDNN bf16 matmul on this CPU")
-def test_flow_weights_packed_bf16_gives_the_same_mel(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_flow_weights_packed_bf16_differs_by_rounding_only(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Packed, the feed-forwards apply their GELU before rounding (``PackedLinear.gelu``):
+    the mel differs from ``F.linear``'s by bfloat16 rounding (mel std about 1.3)."""
     args = ("--prompt", "10", "--tokens", "20", "--repeats", "1", "--variants", "bf16,bf16-packed")
     summary = _run_script("flow_weights.py", tiny_model_dir, tmp_path, *args)["summary"]
     assert list(summary) == ["bf16", "bf16-packed"]
     for work in ("first", "full"):
-        assert summary["bf16-packed"][f"{work}_mel_max_abs_diff"] == 0.0
+        assert 0 < summary["bf16-packed"][f"{work}_mel_mean_abs_diff"] < 0.02
+        assert summary["bf16-packed"][f"{work}_mel_max_abs_diff"] < 0.25
         assert summary["bf16-packed"][f"{work}_median_wall_s"] > 0
 
 

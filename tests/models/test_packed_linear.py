@@ -50,6 +50,29 @@ def test_packed_linear_gives_f_linear_bit_for_bit(bias: bool) -> None:
             assert torch.equal(got, F.linear(x.contiguous(), linear.weight, linear.bias))
 
 
+@needs_packing
+def test_packed_gelu_rounds_the_gelu_of_the_float32_sums_once() -> None:
+    """The fused GELU is the two-step ``F.gelu(packed(x))`` without its middle rounding: within
+    a bfloat16 step of the GELU of float32 sums, and no farther from float64 on average."""
+    gen = torch.Generator().manual_seed(1)
+    linear = nn.Linear(256, 1024).to(torch.bfloat16)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(1024, 256, generator=gen) * 0.06)
+        linear.bias.copy_(torch.randn(1024, generator=gen) * 0.1)
+    packed = PackedLinear(linear)
+    x = torch.randn(2, 450, 256, generator=gen).to(torch.bfloat16)
+    w, b = linear.weight.double(), linear.bias.double()
+    exact = F.gelu(F.linear(x.double(), w, b))
+    with torch.inference_mode():
+        fused = packed.gelu(x)
+        two_step = F.gelu(packed(x))
+    assert fused.dtype == torch.bfloat16 and fused.shape == (2, 450, 1024)
+    assert not torch.equal(fused, two_step)  # the rounding in between is gone
+    step = exact.abs().clamp_min(1e-3) * 2.0**-7  # a bfloat16 step
+    assert bool(((fused.double() - exact).abs() <= step).all())
+    assert (fused.double() - exact).abs().mean() <= (two_step.double() - exact).abs().mean()
+
+
 def test_packed_linear_refuses_other_dtypes() -> None:
     with pytest.raises(ValueError, match=r"takes a bfloat16 CPU Linear, not torch\.float32"):
         PackedLinear(nn.Linear(8, 8))
@@ -92,8 +115,15 @@ def test_bf16_flow_estimator_is_packed_and_computes_the_same_mel(
     # The encoder keeps its Linears: it runs once per chunk, not once per Euler step.
     assert any(type(m) is nn.Linear for m in packed.encoder.modules())
     with torch.inference_mode():
+        fused = {streaming: _flow_mel(packed, streaming) for streaming in (False, True)}
+        # The same bits once the feed-forward rounds before its GELU, as F.gelu(F.linear) does.
+        monkeypatch.setattr(PackedLinear, "gelu", lambda self, x: F.gelu(self(x)))
         for streaming in (False, True):
-            assert torch.equal(_flow_mel(packed, streaming), _flow_mel(plain, streaming))
+            want = _flow_mel(plain, streaming)
+            assert torch.equal(_flow_mel(packed, streaming), want)
+            # Fused, the mel moves by bfloat16 noise only.
+            assert not torch.equal(fused[streaming], want)
+            assert (fused[streaming] - want).abs().mean() < 0.02 * want.abs().mean()
 
 
 def test_float32_flow_is_not_packed(tiny_model_dir: Path) -> None:

@@ -14,6 +14,7 @@ from cosyserve.models.sampling import (
     draw_uniforms,
     inverse_cdf,
     ras_draw,
+    running_sums,
     sample_token,
     sample_tokens,
     stable_top_k,
@@ -270,3 +271,27 @@ def test_stable_top_k_is_the_stable_sorts_head(dtype: torch.dtype) -> None:
     for k in (1, 25, 40):
         values, ids = stable_top_k(probs, k)
         assert torch.equal(ids, want_ids[:, :k]) and torch.equal(values, want_values[:, :k])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_running_sums_add_one_value_at_a_time_in_their_dtype(dtype: torch.dtype) -> None:
+    """As upstream's loop adds: the last row's sums differ where the additions are rounded
+    one by one (1 + e + e stays 1 in float32) from a sum kept in float64 and rounded once."""
+    gen = torch.Generator().manual_seed(8)
+    tiny = 2.0**-24 if dtype == torch.float32 else 2.0**-53
+    spread = torch.rand(4, 25, generator=gen, dtype=dtype) / 25
+    rows = torch.cat([spread, torch.full((1, 25), tiny, dtype=dtype)])
+    rows[-1, 0] = 1.0
+    loop = [rows[:, 0]]
+    for i in range(1, rows.shape[1]):
+        loop.append(loop[-1] + rows[:, i])
+    got = running_sums(rows)
+    assert got.dtype == dtype and torch.equal(got, torch.stack(loop, dim=-1))
+    assert got[-1, -1] == 1.0
+    if dtype == torch.float32:
+        assert rows[-1].double().cumsum(-1).float()[-1] > 1.0  # what rounding once gives
+
+
+def test_running_sums_refuse_other_dtypes() -> None:
+    with pytest.raises(ValueError, match="float32 or float64"):
+        running_sums(torch.ones(1, 3, dtype=torch.bfloat16))

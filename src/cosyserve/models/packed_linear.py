@@ -54,9 +54,20 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: (..., in) bfloat16 -> (..., out) bfloat16."""
+        return self._matmul(x, "none", "")
+
+    def gelu(self, x: torch.Tensor) -> torch.Tensor:
+        """``gelu(self(x))`` (exact, with erf) in one call: oneDNN applies the GELU to the
+        float32 sums before rounding them to bfloat16 once, where ``F.gelu`` would take the
+        rounded output, round again, and cost a pass of its own. A non-streaming flow's
+        900-row feed-forward took 505 against 640 us on the AMX Xeon; the result is as close
+        to float64 as the two-step one or closer (``docs/benchmarks.md``, "Run 58")."""
+        return self._matmul(x, "gelu", "none")
+
+    def _matmul(self, x: torch.Tensor, attr: str, algorithm: str) -> torch.Tensor:
         if torch.jit.is_tracing():  # type: ignore[attr-defined,no-untyped-call]  # not re-exported, untyped
-            return _scripted_linear()(x, self.packed, self.bias)
-        y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            return _scripted_linear()(x, self.packed, self.bias, attr, algorithm)
+        y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, attr, [], algorithm)
         return y
 
     def extra_repr(self) -> str:
@@ -66,9 +77,9 @@ class PackedLinear(nn.Module):
 # The op call as TorchScript source, for traces (flow/traced_steps.py): a tracer cannot
 # record the op's empty Scalar?[] argument, which Python annotations cannot name.
 _LINEAR_SOURCE = """
-def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], attr: str, algorithm: str) -> Tensor:
     no_scalars: List[Optional[number]] = []
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", no_scalars, "")
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, no_scalars, algorithm)
 """
 
 

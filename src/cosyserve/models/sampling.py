@@ -27,6 +27,7 @@ forbids all three.
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from cosyserve.errors import InvalidRequestError
@@ -125,11 +126,7 @@ def ras_draw(
     probs = log_probs.softmax(-1)  # (B, V)
     k = min(cfg.top_k, probs.shape[-1])
     sorted_p, sorted_ids = stable_top_k(probs, k)  # (B, k) each
-    # Inclusive running sums of the top k, accumulated token by token like upstream.
-    running = [sorted_p[:, 0]]
-    for i in range(1, k):
-        running.append(running[-1] + sorted_p[:, i])
-    cum = torch.stack(running, dim=-1)  # (B, k)
+    cum = running_sums(sorted_p)  # (B, k)
     # Token i is kept while the sum *before* it is < top_p: token 0 always, then every i
     # with cum[i - 1] < top_p (cum only grows, so the kept tokens form a prefix).
     kept = torch.ones_like(cum, dtype=torch.bool)
@@ -141,6 +138,20 @@ def ras_draw(
     if not bool(fallback.any()):  # the draw from the whole distribution is rarely needed
         return tokens
     return torch.where(fallback, inverse_cdf(probs, uniforms[:, 1]), tokens)
+
+
+def running_sums(values: torch.Tensor) -> torch.Tensor:
+    """Inclusive running sums along the last axis of ``values`` (B, k), float32 or float64,
+    added one at a time in that dtype, as upstream's loop adds (``cum_prob += prob``).
+
+    numpy's ``cumsum`` adds in order in the array's dtype; torch's CPU ``cumsum``
+    accumulates float32 in float64 and rounds each sum once, which can move the crossing
+    of ``top_p`` by a bit. One call where a loop of adds took 25 (about 0.1 of a decode
+    step's 0.4 ms of sampling, ``docs/benchmarks.md``, "Run 58")."""
+    if values.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"running sums are taken in float32 or float64, not {values.dtype}")
+    sums = np.cumsum(values.detach().cpu().numpy(), axis=-1)
+    return torch.from_numpy(sums).to(values.device)
 
 
 def stable_top_k(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

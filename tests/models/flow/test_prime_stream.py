@@ -192,3 +192,11 @@ def test_a_fork_of_a_fork_holds_every_cached_position() -> None:
     again.begin(0)
     got, _ = again.attend(layer, torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8))
     assert again.shared == 6 and torch.equal(got[:, :, :6], keys) and bool((got[:, :, 6] == 0).all())
+
+
+def test_compact_states_refuse_a_layer_that_cannot_recompute_its_keys() -> None:
+    states = LayerStates(compact=True)
+    states.begin(2)
+    k = torch.randn(1, 2, 2, 8)
+    with pytest.raises(TypeError, match="Identity cannot recompute its keys and values"):
+        states.attend(torch.nn.Identity(), k, k, torch.randn(1, 2, 16))

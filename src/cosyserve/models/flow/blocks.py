@@ -207,5 +207,9 @@ class TransformerBlock(nn.Module):
         """``x``: ``(B, T, C)``; ``bias``, ``states``: as for :class:`SelfAttention`.
         Returns ``(B, T, C)``."""
         attended: Tensor = x + self.attn(self.attn_norm(x), bias, states)
-        ff: Tensor = self.ff_out(F.gelu(self.ff_in(self.ff_norm(attended))))
+        normed = self.ff_norm(attended)
+        # A packed Linear applies the GELU to its float32 sums (PackedLinear.gelu).
+        ff_in = self.ff_in
+        hidden = ff_in.gelu(normed) if isinstance(ff_in, PackedLinear) else F.gelu(ff_in(normed))
+        ff: Tensor = self.ff_out(hidden)
         return attended + ff

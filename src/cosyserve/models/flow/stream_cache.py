@@ -13,7 +13,7 @@ One :class:`FlowStreamCache` belongs to one segment of one request and is droppe
 the segment ends; nothing here is stored on the shared modules.
 """
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -117,6 +117,10 @@ class LayerStates:
         end = self.length + k.shape[2] - self.shared  # in the own buffers
         start = self.length - self.shared
         if self.compact and inputs is not None:
+            # Checked once per layer here, not on every read (:meth:`cached` runs once per
+            # layer and pass: a runtime protocol check there cost a stream chunk ~1-2 ms).
+            if layer not in self._own_inputs and not isinstance(layer, KeyValueSource):
+                raise TypeError(f"{type(layer).__name__} cannot recompute its keys and values")
             self._grown(self._own_inputs, layer, inputs[:, None], end)[:, 0, start:end] = inputs
             return
         keys = self._grown(self._keys, layer, k, end)
@@ -131,9 +135,8 @@ class LayerStates:
         keys = self._pieces(self._shared_keys, self._keys, layer, own)
         values = self._pieces(self._shared_values, self._values, layer, own)
         if layer in self._own_inputs and own > 0:  # compact: the own positions as inputs
-            if not isinstance(layer, KeyValueSource):
-                raise TypeError(f"{type(layer).__name__} cannot recompute its keys and values")
-            k, v = layer.keys_values(self._own_inputs[layer][:, 0, :own])
+            source = cast(KeyValueSource, layer)  # checked when its inputs were stored
+            k, v = source.keys_values(self._own_inputs[layer][:, 0, :own])
             keys.append(k)
             values.append(v)
         return keys, values
