@@ -146,8 +146,8 @@ def running_sums(values: torch.Tensor) -> torch.Tensor:
 
     numpy's ``cumsum`` adds in order in the array's dtype; torch's CPU ``cumsum``
     accumulates float32 in float64 and rounds each sum once, which can move the crossing
-    of ``top_p`` by a bit. One call where a loop of adds took 25 (about 0.1 of a decode
-    step's 0.4 ms of sampling, ``docs/benchmarks.md``, "Run 58")."""
+    of ``top_p`` by a bit. One call instead of 25 additions: a batch-1 sampling step took
+    387 against 434 us (``docs/benchmarks.md``, "Run 58")."""
     if values.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"running sums are taken in float32 or float64, not {values.dtype}")
     sums = np.cumsum(values.detach().cpu().numpy(), axis=-1)
