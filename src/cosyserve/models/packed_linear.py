@@ -60,8 +60,9 @@ class PackedLinear(nn.Module):
         """``gelu(self(x))`` (exact, with erf) in one call: oneDNN applies the GELU to the
         float32 sums before rounding them to bfloat16 once, where ``F.gelu`` would take the
         rounded output, round again, and cost a pass of its own. A non-streaming flow's
-        900-row feed-forward took 505 against 640 us on the AMX Xeon; the result is as close
-        to float64 as the two-step one or closer (``docs/benchmarks.md``, "Run 58")."""
+        900-row feed-forward took 505 against 640 us on the AMX Xeon; on average the result
+        is as close to float64 as the two-step one or closer (``docs/benchmarks.md``, "Run
+        58")."""
         return self._matmul(x, "gelu", "none")
 
     def _matmul(self, x: torch.Tensor, attr: str, algorithm: str) -> torch.Tensor:
