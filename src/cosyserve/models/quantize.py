@@ -207,7 +207,8 @@ class Int8DynamicLinear(nn.Module):
             y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32.default(
                 scaled, INPUT_SCALE, INPUT_ZERO_POINT, self.packed
             )  # (M, out)
-        out = y * scale if self.bias is None else torch.addcmul(self.bias, y, scale)
+        # y is the op's own new tensor: scaling it in place spares a pass over fresh memory.
+        out = y.mul_(scale) if self.bias is None else torch.addcmul(self.bias, y, scale)
         return out.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

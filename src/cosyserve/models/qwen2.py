@@ -148,10 +148,13 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is None:
-            gate, up = self.gate_proj(x), self.up_proj(x)
+            hidden = F.silu(self.gate_proj(x)) * self.up_proj(x)
         else:
+            # Views of the stacked projection's own new output: the product is written over
+            # its gate half instead of into fresh memory (the same bits).
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+            hidden = F.silu(gate, inplace=True).mul_(up)
+        out: torch.Tensor = self.down_proj(hidden)
         return out
 
 
