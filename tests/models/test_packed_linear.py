@@ -11,7 +11,6 @@ from torch import nn
 from cosyserve import loader
 from cosyserve.loader import load_model
 from cosyserve.models import packed_linear
-from cosyserve.models.flow import blocks
 from cosyserve.models.flow.flow import Flow
 from cosyserve.models.packed_linear import PackedLinear, pack_linears_, packing_available
 
@@ -99,19 +98,18 @@ def test_bf16_flow_estimator_is_packed_and_computes_the_same_mel(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     packed = load_model(tiny_model_dir, dtype="bf16").flow
+    # The plain flow keeps packed convolutions (tests/models/flow/test_blocks.py has them
+    # against the product over the frames' windows): only its Linears differ.
     monkeypatch.setattr(loader, "pack_linears_", lambda module: 0)
-    monkeypatch.setattr(loader, "pack_convs_", lambda module: 0)
     plain = load_model(tiny_model_dir, dtype="bf16").flow
     estimator = packed.cfm.estimator
     assert not any(isinstance(m, nn.Linear) for m in estimator.modules())
     linears = [m for name, m in estimator.named_modules() if not name.endswith(".gemm")]  # not the convs'
     swapped = sum(isinstance(m, PackedLinear) for m in linears)
     assert swapped == sum(isinstance(m, nn.Linear) for m in plain.cfm.estimator.modules()) > 0
-    # Every convolution has its matrix packed too, which it runs every input through: the
-    # plain flow's convolutions run as the product at every length to match.
+    # Every convolution has its matrix packed too, which it runs every input through.
     convs = [m for m in estimator.modules() if isinstance(m, nn.Conv1d)]
     assert convs and all(isinstance(getattr(m, "gemm", None), PackedLinear) for m in convs)
-    monkeypatch.setattr(blocks, "GEMM_CONV_ROWS", 10**9)
     # The encoder keeps its Linears: it runs once per chunk, not once per Euler step.
     assert any(type(m) is nn.Linear for m in packed.encoder.modules())
     with torch.inference_mode():

@@ -57,27 +57,59 @@ def test_bf16_short_convolution_stays_close() -> None:
     torch.testing.assert_close(got, expected, rtol=0.02, atol=0.05)
 
 
+@pytest.mark.parametrize("kernel", [1, 3, 4])
+def test_tap_windows_hold_each_frames_window_tap_by_tap(kernel: int) -> None:
+    rows = torch.arange(2 * 7 * 5, dtype=torch.float32).view(2, 7, 5)  # (B, L, C)
+    windows = blocks.tap_windows(rows, kernel)
+    frames = 7 - kernel + 1
+    assert windows.shape == (2 * frames, kernel * 5)
+    for b in range(2):
+        for t in range(frames):
+            assert torch.equal(windows[b * frames + t], rows[b, t : t + kernel].reshape(-1))
+    # A strided view of the rows (a (B, C, L) tensor transposed) gives the same windows.
+    assert torch.equal(blocks.tap_windows(rows.transpose(1, 2).contiguous().transpose(1, 2), kernel), windows)
+
+
 @pytest.mark.skipif(not packing_available(), reason="this CPU has no oneDNN bfloat16 matmul")
 @pytest.mark.parametrize("bias", [True, False])
 def test_packed_convolutions_run_as_the_product(bias: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Packed weights give the unpacked product's bits, short inputs and long ones alike
-    (more rows than GEMM_CONV_ROWS), and never call torch's convolution."""
+    """Packed weights give the bits of ``F.linear`` over the frames' windows with the weight
+    laid out tap by tap, short inputs and long ones alike (more rows than GEMM_CONV_ROWS),
+    stay close to torch's convolution, and never call it."""
     module = nn.Sequential(_conv(24, 16, 3, bias), _conv(16, 16, 1, bias)).to(torch.bfloat16)
     shapes = ((1, 3), (2, 12), (2, 40), (2, 2 * GEMM_CONV_ROWS))
     inputs = [torch.randn(batch, 24, frames, dtype=torch.bfloat16) for batch, frames in shapes]
+
+    def by_taps(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+        kernel = conv.kernel_size[0]
+        weight = conv.weight.permute(0, 2, 1).reshape(conv.out_channels, -1)
+        out = torch.nn.functional.linear(blocks.tap_windows(x.transpose(1, 2), kernel), weight, conv.bias)
+        return out.view(x.shape[0], -1, conv.out_channels).transpose(1, 2)
+
     with torch.inference_mode():
         want = [module[1](module[0](x)) for x in inputs]  # torch's convolutions
-        with monkeypatch.context() as patch:
-            patch.setattr(blocks, "GEMM_CONV_ROWS", 10**9)
-            unpacked = [conv1d(module[1], conv1d(module[0], x)) for x in inputs]
+        products = [by_taps(module[1], by_taps(module[0], x)) for x in inputs]
         assert pack_convs_(module) == 2
         assert isinstance(module[0].gemm, PackedLinear)
         for conv in module:
             monkeypatch.setattr(conv, "forward", _no_convolution)
         got = [conv1d(module[1], conv1d(module[0], x)) for x in inputs]
-    assert all(torch.equal(g, u) for g, u in zip(got, unpacked, strict=True))
+    assert all(torch.equal(g, p) for g, p in zip(got, products, strict=True))
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g.float(), w.float(), rtol=0.02, atol=0.05)
+
+
+@pytest.mark.skipif(not packing_available(), reason="this CPU has no oneDNN bfloat16 matmul")
+def test_packed_causal_convolution_pads_rows_as_the_generic_path_pads_channels() -> None:
+    """Without stream states a packed convolution's input is padded as rows; the result is
+    the padded (B, C, T) input's, whichever layout the input comes in."""
+    conv = _conv(24, 16, 3).to(torch.bfloat16)
+    pack_convs_(conv)
+    frames = torch.randn(2, 30, 24, dtype=torch.bfloat16)  # (B, T, C)
+    with torch.inference_mode():
+        for x in (frames.transpose(1, 2), frames.transpose(1, 2).contiguous()):
+            want = conv1d(conv, torch.nn.functional.pad(x, (2, 0)).contiguous())
+            assert torch.equal(causal_conv(conv, x), want)
 
 
 def _no_convolution(x: torch.Tensor) -> torch.Tensor:

@@ -29,25 +29,42 @@ def conv1d(conv: nn.Conv1d, x: Tensor) -> Tensor:
     """``conv`` (stride 1, no padding, dilation 1, one group, as every flow convolution)
     over ``x`` ``(B, C_in, L)`` -> ``(B, C_out, L - k + 1)``.
 
-    Where :func:`runs_as_matmul` says so it is one ``linear`` over the unfolded input with
-    the convolution's own weight viewed as ``(C_out, C_in * k)``: the same sums, and no
-    copy of the weight, or with that view packed for oneDNN once (``conv.gemm``, see
-    :func:`pack_convs_`). The output is then a transposed view of ``(B, T, C_out)``."""
+    Where :func:`runs_as_matmul` says so it is one matrix product over the input's frames
+    ``k`` at a time: with packed weights (``conv.gemm``, see :func:`pack_convs_`) over
+    :func:`tap_windows` of the input's rows, else over the input unfolded channel by
+    channel, with the convolution's own weight viewed as ``(C_out, C_in * k)`` (no copy of
+    the weight). The output is then a transposed view of ``(B, T, C_out)``."""
     batch, channels, length = x.shape
     kernel = conv.kernel_size[0]
     frames = length - kernel + 1
-    if not runs_as_matmul(conv, batch, frames):
-        y: Tensor = conv(x)
-        return y
-    # (B, C, T, k) -> (B, T, C, k): column c * k + j holds input channel c at shift j, as
-    # the weight's (C_out, C_in, k) layout flattens.
-    columns = x.unfold(2, kernel, 1).transpose(1, 2).reshape(batch * frames, channels * kernel)
     gemm = getattr(conv, "gemm", None)
     if isinstance(gemm, PackedLinear):
-        out: Tensor = gemm(columns)
-    else:
+        out: Tensor = gemm(tap_windows(x.transpose(1, 2), kernel))
+    elif batch * frames <= GEMM_CONV_ROWS:
+        # (B, C, T, k) -> (B, T, C, k): column c * k + j holds input channel c at shift j, as
+        # the weight's (C_out, C_in, k) layout flattens.
+        columns = x.unfold(2, kernel, 1).transpose(1, 2).reshape(batch * frames, channels * kernel)
         out = F.linear(columns, conv.weight.view(conv.out_channels, channels * kernel), conv.bias)
+    else:
+        y: Tensor = conv(x)
+        return y
     return out.view(batch, frames, conv.out_channels).transpose(1, 2)
+
+
+def tap_windows(rows: Tensor, kernel: int) -> Tensor:
+    """``rows`` ``(B, L, C)`` (one row of channels per frame) -> ``(B * T, kernel * C)``
+    with ``T = L - kernel + 1``: row ``t`` holds frames ``t .. t + kernel - 1`` one after
+    another (column ``j * C + c`` is channel ``c`` of frame ``t + j``), as a packed
+    convolution weight is laid out (:func:`pack_convs_`).
+
+    Each window is ``kernel`` whole rows of the input, so on contiguous rows this is
+    ``kernel`` copies of contiguous runs, where unfolding ``(B, C, L)`` channel by channel
+    gathers every element on its own: a 900-row convolution of 256 channels took 0.95
+    against 1.37 ms on 2 Zen 4 cores (``docs/benchmarks.md``, "Run 63")."""
+    if kernel == 1:
+        return rows.reshape(-1, rows.shape[2])
+    frames = rows.shape[1] - kernel + 1
+    return torch.cat([rows[:, tap : tap + frames] for tap in range(kernel)], dim=2).flatten(0, 1)
 
 
 def runs_as_matmul(conv: nn.Conv1d, batch: int, frames: int) -> bool:
@@ -58,21 +75,24 @@ def runs_as_matmul(conv: nn.Conv1d, batch: int, frames: int) -> bool:
 
 
 def pack_convs_(module: nn.Module) -> int:
-    """Give every bfloat16 CPU ``nn.Conv1d`` under ``module`` a ``gemm``: its weight viewed as
-    ``(C_out, C_in * k)`` and packed for oneDNN (:class:`PackedLinear`), which
-    :func:`conv1d` then runs every input through, with the same results as ``F.linear`` on
-    the view (a contiguous input). The packed copy is kept beside the weight: 12 MiB on the
-    full model's estimator. A stream's first chunk (46 short convolutions in each of 10
-    Euler steps) no longer reorders the weights on every call. A non-streaming flow's
-    900-row convolutions run as the product too: the eager flow took 2.72-2.85 against
-    2.83-3.01 s with torch's convolution (interleaved, on the AMX Xeon), and their outputs
-    come out as ``(B, T, C)``, which the layer norms and transformer blocks after them read
-    without a copy. Returns how many; none where :func:`packing_available` says no."""
+    """Give every bfloat16 CPU ``nn.Conv1d`` under ``module`` a ``gemm``: its weight laid
+    out tap by tap, ``(C_out, k * C_in)`` with column ``j * C_in + c`` the weight of input
+    channel ``c`` at tap ``j`` (the order :func:`tap_windows` gives), packed for oneDNN
+    (:class:`PackedLinear`). :func:`conv1d` then runs every input through it: the same
+    products as the convolution, summed in another order. The packed copy is kept beside
+    the weight: 12 MiB on the full model's estimator. A stream's first chunk (46 short
+    convolutions in each of 10 Euler steps) no longer reorders the weights on every call. A
+    non-streaming flow's 900-row convolutions run as the product too: the eager flow took
+    2.72-2.85 against 2.83-3.01 s with torch's convolution (interleaved, on the AMX Xeon),
+    and their outputs come out as ``(B, T, C)``, which the layer norms and transformer
+    blocks after them read without a copy. Returns how many; none where
+    :func:`packing_available` says no."""
     if not packing_available():
         return 0
     convs = [m for m in module.modules() if isinstance(m, nn.Conv1d) and m.weight.dtype == torch.bfloat16]
     for conv in convs:
-        conv.gemm = PackedLinear(linear_on(conv.weight.view(conv.out_channels, -1), conv.bias))
+        by_tap = conv.weight.detach().permute(0, 2, 1).reshape(conv.out_channels, -1)  # (C_out, k * C_in)
+        conv.gemm = PackedLinear(linear_on(by_tap, conv.bias))
     return len(convs)
 
 
@@ -97,6 +117,11 @@ def causal_conv(conv: nn.Conv1d, x: Tensor, states: LayerStates | None = None) -
     With ``states`` (incremental streaming) the left padding is the cached input before
     ``x`` instead of zeros."""
     width = conv.kernel_size[0] - 1
+    if states is None and isinstance(getattr(conv, "gemm", None), PackedLinear):
+        # Padded as rows (B, T + width, C), the layout the packed product reads its windows
+        # from: padding (B, C, T) would copy the frames into channel-major order only for
+        # tap_windows to gather them back.
+        return conv1d(conv, F.pad(x.transpose(1, 2), (0, 0, width, 0)).transpose(1, 2))
     padded = F.pad(x, (width, 0)) if states is None else states.left_pad(conv, x, width)
     return conv1d(conv, padded)
 
