@@ -37,8 +37,8 @@ def conv1d(conv: nn.Conv1d, x: Tensor) -> Tensor:
     batch, channels, length = x.shape
     kernel = conv.kernel_size[0]
     frames = length - kernel + 1
-    gemm = getattr(conv, "gemm", None)
-    if isinstance(gemm, PackedLinear):
+    gemm = packed_gemm(conv)
+    if gemm is not None:
         out: Tensor = gemm(tap_windows(x.transpose(1, 2), kernel))
     elif batch * frames <= GEMM_CONV_ROWS:
         # (B, C, T, k) -> (B, T, C, k): column c * k + j holds input channel c at shift j, as
@@ -71,7 +71,13 @@ def runs_as_matmul(conv: nn.Conv1d, batch: int, frames: int) -> bool:
     """Whether :func:`conv1d` runs ``conv`` over ``batch`` rows of ``frames`` output frames
     as one matrix product rather than as a convolution: always with packed weights (see
     :func:`pack_convs_`), else up to :data:`GEMM_CONV_ROWS` output rows."""
-    return isinstance(getattr(conv, "gemm", None), PackedLinear) or batch * frames <= GEMM_CONV_ROWS
+    return packed_gemm(conv) is not None or batch * frames <= GEMM_CONV_ROWS
+
+
+def packed_gemm(conv: nn.Conv1d) -> PackedLinear | None:
+    """``conv``'s weight packed tap by tap (set by :func:`pack_convs_`), or None."""
+    gemm = getattr(conv, "gemm", None)
+    return gemm if isinstance(gemm, PackedLinear) else None
 
 
 def pack_convs_(module: nn.Module) -> int:
@@ -117,7 +123,7 @@ def causal_conv(conv: nn.Conv1d, x: Tensor, states: LayerStates | None = None) -
     With ``states`` (incremental streaming) the left padding is the cached input before
     ``x`` instead of zeros."""
     width = conv.kernel_size[0] - 1
-    if states is None and isinstance(getattr(conv, "gemm", None), PackedLinear):
+    if states is None and packed_gemm(conv) is not None:
         # Padded as rows (B, T + width, C), the layout the packed product reads its windows
         # from: padding (B, C, T) would copy the frames into channel-major order only for
         # tap_windows to gather them back.
