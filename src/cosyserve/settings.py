@@ -114,8 +114,8 @@ class Settings(BaseSettings):
     )
     cuda_graphs: bool = Field(
         True,
-        description="On a CUDA device, replay LM decode steps from CUDA graphs captured at start; "
-        "ignored on CPU.",
+        description="On a CUDA device, replay LM decode steps from CUDA graphs captured at start, "
+        "and each flow call's later Euler steps from a graph of its own; ignored on CPU.",
     )
     traced_decode: bool = Field(
         True,

@@ -53,7 +53,9 @@ class EngineConfig:
     rows x history: about 830 MiB for 8 streams at 450 frames), while on a CPU a pass
     over 2, 4 or 8 streams' chunks costs the same per stream.
     ``cuda_graphs``: on a CUDA device, replay decode steps from CUDA graphs captured at
-    start (``cosyserve.engine.decode_graphs``); ignored elsewhere.
+    start (``cosyserve.engine.decode_graphs``), and a flow call's later Euler steps from
+    a graph of its own when the call has no cached state
+    (``cosyserve.models.flow.step_graph``); ignored elsewhere.
     ``traced_decode``: on a CPU, replay decode steps from TorchScript traces made at start,
     which skips the Python between a step's ops (``cosyserve.engine.decode_graphs``). Two
     traces serve every step, one for a lone row and one for larger batches, each over any

@@ -29,6 +29,7 @@ from cosyserve.errors import CosyserveError, InvalidRequestError
 from cosyserve.logging_setup import request_scope
 from cosyserve.models.flow.flow import Flow
 from cosyserve.models.flow.prompt_cache import FlowPromptCache
+from cosyserve.models.flow.step_graph import CudaStepCapture
 from cosyserve.models.hift.generator import HiFTGenerator
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM
@@ -101,6 +102,9 @@ class Engine:
             threads = torch.get_num_threads()
             traced = call_on_own_thread(flow.trace_steps_, threads=threads, name="cosyserve-trace")
             logger.info("flow steps %s", "traced for replay" if traced else "run eagerly")
+        device = torch.device(config.device)
+        graphed = device.type == "cuda" and config.cuda_graphs
+        flow.cfm.step_capture = CudaStepCapture(device) if graphed else None
         prompt_cache = None
         if config.flow_prompt_cache_mb > 0 and config.flow_cache != "exact":
             prompt_cache = FlowPromptCache(flow, config.flow_prompt_cache_mb << 20, config.flow_prompt_whole)

@@ -9,6 +9,7 @@ emitted before.
 
 import math
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -16,6 +17,7 @@ from torch import Tensor, nn
 from cosyserve.errors import InvalidRequestError
 from cosyserve.modeldir.hparams import CFMConfig
 from cosyserve.models.flow.estimator import Estimator
+from cosyserve.models.flow.step_graph import StepCapture, StepGraph
 from cosyserve.models.flow.stream_cache import LayerStates
 from cosyserve.models.flow.traced_steps import TracedSteps
 
@@ -42,6 +44,9 @@ class CFM(nn.Module):
         self.estimator = estimator
         # Replays the estimator's calls (set by Flow.trace_steps_).
         self.traced_steps: TracedSteps | None = None
+        # Replays the later Euler steps of calls without cached state (set on a GPU by the
+        # engine: cosyserve.models.flow.step_graph).
+        self.step_capture: StepCapture | None = None
         # Not persistent: flow.pt does not carry it; it moves with .to(device/dtype).
         self.register_buffer("noise", fixed_noise(channels), persistent=False)
 
@@ -97,16 +102,29 @@ class CFM(nn.Module):
         # Upstream advances t by dt and takes the next dt relative to that running t;
         # the same recurrence keeps the float rounding of t identical.
         t, dt = t_span[0], t_span[1] - t_span[0]
+        graph: StepGraph | None = None
         for step in range(1, len(t_span)):
-            inputs = (torch.cat([x, x]), mask2, mu2, t.expand(2 * batch), spks2, cond2)
+            x2, t2 = torch.cat([x, x]), t.expand(2 * batch)
             step_states = None if states is None else states[step - 1]
-            if self.traced_steps is None:
-                velocity = self.estimator(*inputs, bias, step_states)
+            if graph is not None:
+                velocity = graph(x2, t2)
+            elif self.traced_steps is not None:
+                velocity = self.traced_steps((x2, mask2, mu2, t2, spks2, cond2), bias, step_states)
             else:
-                velocity = self.traced_steps(inputs, bias, step_states)
-            v_cond, v_uncond = velocity.split(batch)
+                velocity = self.estimator(x2, mask2, mu2, t2, spks2, cond2, bias, step_states)
+                if self.step_capture is not None and states is None and step < len(t_span) - 1:
+                    run = partial(self._velocity, mask=mask2, mu=mu2, spks=spks2, cond=cond2, bias=bias)
+                    graph = StepGraph(run, x2, t2, self.step_capture)
+            v_cond, v_uncond = velocity[:batch], velocity[batch:]
             x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
             t = t + dt
             if step < len(t_span) - 1:
                 dt = t_span[step + 1] - t
         return x.float()
+
+    def _velocity(
+        self, x: Tensor, t: Tensor, mask: Tensor, mu: Tensor, spks: Tensor, cond: Tensor, bias: Tensor | None
+    ) -> Tensor:
+        """The estimator without cached state, ``x`` and ``t`` first (:class:`StepGraph`)."""
+        velocity: Tensor = self.estimator(x, mask, mu, t, spks, cond, bias)
+        return velocity
