@@ -4,22 +4,27 @@ prefill chunks, and whether a row's output depends on its batch or its prefill s
     python benchmarks/lm_attention.py --model-dir /tmp/cv2-full-bench [--dtype bf16]
         [--quantize int8] [--repeats 15] [--json out.json]
 
-The LM is loaded as the server loads it. Decode steps run torch's attention kernel and
-prefill chunks :func:`~cosyserve.models.span_attention.span_attention`
-(``runs_span_attention``); each measurement here runs both, the choice forced in turn
-(interleaved within each repeat), and prints the median milliseconds:
+The LM is loaded as the server loads it. On a CPU, decode steps and prefill chunks run
+:func:`~cosyserve.models.span_attention.span_attention` (``runs_span_attention``); each
+measurement here runs it and torch's kernel, the choice forced in turn (interleaved within
+each repeat), and prints the median milliseconds:
 
-- a decode step at batch 1 and at batch 8 (rows of 100 to 219 positions);
+- a decode step at batch 1 and at batch 8 (rows of 100 to 219 positions of random
+  tokens), eager and replayed from the engine's traces (``DecodeGraphs`` with
+  ``TraceCapture``, recorded with each kernel);
 - prefill chunks of 88 positions (a 3 s voice prompt and its text), of 256 from position
   0, and of 256 after 768 cached positions (a third as many repeats).
 
 Then the checks, with the kernels as the engine runs them: a row of 50 positions decoded
-alone and in one step with rows of 130 and 700, and a prompt of 88 positions prefilled
-whole and in chunks of 40, 1 and 47; each prints the largest log-prob difference.
+alone and in one step with rows of 130 and 700, eager; each of 8 rows decoded alone and
+in one step of 8, replayed from each kernel's traces; and a prompt of 88 positions
+prefilled whole and in chunks of 40, 1 and 47. Each prints the largest log-prob
+difference.
 """
 
 import json
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -27,11 +32,13 @@ from bench_args import model_parser  # benchmarks/ is on the path when run as a 
 from interleave import interleaved
 
 import cosyserve.models.qwen2 as qwen2
+from cosyserve.engine.decode_graphs import DecodeGraphs, TraceCapture
 from cosyserve.loader import load_model
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM
 
 KERNELS = {"torch": False, "span": True}
+PROMPTS = 8
 ENGINE_CHOICE = qwen2.runs_span_attention
 
 
@@ -39,7 +46,7 @@ def forced(span: bool, run: Callable[[], object]) -> Callable[[], object]:
     """``run`` with the LM's attention kernel forced: ``span_attention`` or torch's."""
 
     def call() -> object:
-        qwen2.runs_span_attention = lambda device, step: span
+        qwen2.runs_span_attention = lambda device: span
         return run()
 
     return call
@@ -64,6 +71,49 @@ def decode_times(lm: CosyVoice2LM, cache: KVCache, batch: int, repeats: int) -> 
             cache.truncate(slot, length)
 
     return kernel_times(lambda: lm.decode(tokens, slots, cache), undo, repeats + 2, warm_up=2)
+
+
+def traces(lm: CosyVoice2LM, cache: KVCache) -> dict[str, DecodeGraphs]:
+    """The engine's traced decode steps, recorded with each kernel (before any slot is
+    taken: the capture borrows a free one)."""
+    graphs = {}
+    for name, span in KERNELS.items():
+        qwen2.runs_span_attention = lambda device, span=span: span
+        graphs[name] = DecodeGraphs.for_engine(lm, cache, TraceCapture(lm), PROMPTS)
+    qwen2.runs_span_attention = ENGINE_CHOICE
+    return graphs
+
+
+def traced_decode_times(
+    graphs: dict[str, DecodeGraphs], cache: KVCache, batch: int, repeats: int
+) -> dict[str, float]:
+    """Median ms of a replayed decode step of ``batch`` rows per kernel's traces."""
+    slots, tokens = list(range(batch)), torch.arange(batch) + 3
+    lengths = [cache.length(s) for s in slots]
+
+    def undo() -> None:
+        for slot, length in zip(slots, lengths, strict=True):
+            cache.truncate(slot, length)
+
+    steps = {name: partial(g.decode, tokens, slots) for name, g in graphs.items()}
+    return interleaved(steps, undo, repeats + 2, 2)[0]
+
+
+def traced_alone_and_batched(graphs: dict[str, DecodeGraphs], cache: KVCache) -> dict[str, float]:
+    """Per kernel's traces, the largest |log-prob difference| of each of the first 8 rows
+    decoded alone and in one step of 8; the slots are left as found."""
+    slots, tokens = list(range(PROMPTS)), torch.arange(PROMPTS) + 11
+    result = {}
+    for name, g in graphs.items():
+        together = g.decode(tokens, slots).clone()
+        alone = []
+        for i, slot in enumerate(slots):
+            cache.truncate(slot, cache.length(slot) - 1)
+            alone.append(g.decode(tokens[i : i + 1], [slot])[0].clone())
+        for slot in slots:
+            cache.truncate(slot, cache.length(slot) - 1)
+        result[name] = max(float((together[i] - row).abs().max()) for i, row in enumerate(alone))
+    return result
 
 
 def prefill_times(lm: CosyVoice2LM, cache: KVCache, start: int, n: int, repeats: int) -> dict[str, float]:
@@ -113,16 +163,29 @@ def main() -> None:
     args = parser.parse_args()
     model = load_model(args.model_dir, dtype=args.dtype, quantize=args.quantize)
     lm = model.lm
-    cache = KVCache.for_config(lm.cfg.qwen, 9, 2048, model.precision.kv_cache_dtype)
-    for _ in range(9):
-        cache.allocate()
+    cache = KVCache.for_config(lm.cfg.qwen, PROMPTS + 1, 2048, model.precision.kv_cache_dtype)
     results: dict[str, object] = {"precision": model.precision.describe()}
     with torch.inference_mode():
-        for slot in range(8):
-            lm.prefill(lm.speech_embedding(torch.arange(100 + 17 * slot) % 500), slot, cache)
-        for batch in (1, 8):
+        graphs = traces(lm, cache)
+        for _ in range(PROMPTS + 1):
+            cache.allocate()
+        gen = torch.Generator().manual_seed(0)
+        for slot in range(PROMPTS):
+            ids = torch.randint(0, lm.cfg.speech_token_size, (100 + 17 * slot,), generator=gen)
+            lm.prefill(lm.speech_embedding(ids), slot, cache)
+        for batch in (1, PROMPTS):
             results[f"decode_batch_{batch}_ms"] = decode_times(lm, cache, batch, args.repeats)
             print(f"decode step, batch {batch}:", results[f"decode_batch_{batch}_ms"])
+            results[f"traced_decode_batch_{batch}_ms"] = traced_decode_times(
+                graphs, cache, batch, args.repeats
+            )
+            print(f"traced decode step, batch {batch}:", results[f"traced_decode_batch_{batch}_ms"])
+        results["traced_alone_vs_batched_max_abs_log_prob_difference"] = traced_alone_and_batched(
+            graphs, cache
+        )
+        print(
+            "traced, alone against batched:", results["traced_alone_vs_batched_max_abs_log_prob_difference"]
+        )
         for start, n in ((0, 88), (0, 256), (768, 256)):
             key = f"prefill_{n}_after_{start}_ms"
             results[key] = prefill_times(lm, cache, start, n, args.repeats)

@@ -44,7 +44,8 @@ class KVStep(Protocol):
     @property
     def decode(self) -> bool:
         """True for a decode step (each row appends the token it sampled last), False for
-        a prefill chunk: the two run different attention kernels (``models.qwen2``)."""
+        a prefill chunk: the two sum attention's key blocks in another order
+        (:func:`~cosyserve.models.span_attention.span_attention`)."""
         ...
 
     @property

@@ -122,8 +122,8 @@ class Attention(nn.Module):
         else:
             keys, values = step.update(self.layer, k, v)  # (B, H_kv, S, D)
         q = q.transpose(1, 2)  # (B, heads, T, D)
-        if runs_span_attention(q.device, step):
-            out = span_attention(q, keys, values, bias)
+        if runs_span_attention(q.device):
+            out = span_attention(q, keys, values, bias, in_order=step is not None and step.decode)
         else:
             out = F.scaled_dot_product_attention(
                 q, keys.to(q.dtype), values.to(q.dtype), attn_mask=bias[..., : keys.shape[2]], enable_gqa=True
@@ -205,7 +205,7 @@ class Qwen2Model(nn.Module):
         else:
             positions, mask = step.positions, step.mask
         cos, sin = self.rotary(positions, x.dtype)
-        bias = attention_bias(mask, torch.float32 if runs_span_attention(x.device, step) else x.dtype)
+        bias = attention_bias(mask, torch.float32 if runs_span_attention(x.device) else x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, bias, step)
         out: torch.Tensor = self.norm(x)

@@ -1,4 +1,5 @@
-"""The LM's attention, with each row's result independent of how far its batch reaches.
+"""The LM's attention, with each row's result independent of its batch and of how far
+its batch reaches.
 
 In a batched decode step every row reads the keys up to the batch's longest sequence and
 masks the rest; in a prefill, a query's chunk decides how many keys its row sees. torch's
@@ -6,26 +7,26 @@ CPU attention kernel and one GEMM over all keys both sum in an order that depend
 span, so a row's output moved by about 1e-7 with its neighbours' lengths: enough, under
 dynamic int8 rounding, to move a full-size LM's log-probs by up to 0.19
 (``docs/benchmarks.md``, "A row's output in a batch"), so that a request's speech tokens
-depended on what else the engine was running.
+depended on what else the engine was running. torch's kernel also gives a lone decode row
+other bits than the same row in a batch at the same span, on some CPUs and data: on 2 Zen 4
+cores, float32, log-probs 1.9e-6 apart on the full model (docs/benchmarks.md, "Decode rows
+through span_attention").
 
-Two things fix it. Every span is padded to whole blocks of :data:`KEY_BLOCK` keys, the
-padding hidden by the mask; over such spans torch's CPU kernel gives a row with one query
-(a decode step) the same bits whatever the span. With more queries per row (a prefill
-chunk) it does not, so prefill chunks run :func:`span_attention`: the keys are cut into
-the same blocks from position 0, every sum runs within a block and then across blocks by
-a tree aligned at block 0, and keys a row may not see get weight exactly 0. Blocks past a
-row's last visible key then add exact zeros and change nothing: a query's output is the
-same bits in any prefill chunk. :func:`runs_span_attention` says which runs where.
+So every CPU step attends with :func:`span_attention`. Every span is padded to whole blocks
+of :data:`KEY_BLOCK` keys, the padding hidden by the mask; the keys are cut into blocks
+from position 0, every sum runs within a block and then across blocks, and keys a row may
+not see get weight exactly 0. Across blocks, prefill chunks sum by a tree aligned at block
+0, and decode steps block by block in order (one op, whose count a traced step need not
+know: one trace replays every span). Blocks past a row's last visible key then add exact
+zeros and change nothing: a query's output is the same bits in any prefill chunk, and a
+decode row's in any batch, over any span and on any number of threads.
+:func:`runs_span_attention` says which runs where.
 """
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-
-if TYPE_CHECKING:
-    from cosyserve.models.kv_cache import KVStep
 
 # Keys per block. Every span is padded to a multiple: 64 keeps a short decode's padding
 # small, and a 64-key block is a shape the GEMMs handle at a fair rate.
@@ -35,17 +36,12 @@ _LOG2_E = math.log2(math.e)
 _TILE_SCORES = 1 << 18
 
 
-def runs_span_attention(device: torch.device, step: "KVStep | None") -> bool:
+def runs_span_attention(device: torch.device) -> bool:
     """Whether the LM's layers attend with :func:`span_attention` (in float32, bias in
-    float32) or torch's kernel (bias in the activations' dtype).
-
-    CPU prefill chunks and whole sequences take :func:`span_attention`. A decode step has
-    one query per row, and over keys padded to whole blocks torch's CPU kernel gives such a
-    row the same bits whatever the span (``tests/models/test_span_attention.py`` checks
-    it), in a third of the time at batch 1: decode steps keep it. GPUs keep torch's fused
-    kernels, whose sums are their own.
-    """
-    return device.type == "cpu" and (step is None or not step.decode)
+    float32) or torch's kernel (bias in the activations' dtype): CPUs take
+    :func:`span_attention`, for prefill chunks, whole sequences and decode steps alike.
+    GPUs keep torch's fused kernels, whose sums are their own."""
+    return device.type == "cpu"
 
 
 def padded_span(span: int) -> int:
@@ -64,14 +60,16 @@ def attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def span_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, in_order: bool = False
 ) -> torch.Tensor:
     """Grouped-query attention ``softmax(q·kᵀ/√D + bias)·v`` summed in key blocks.
 
     ``q``: (B, H, T, D); ``keys``, ``values``: (B, H_kv, S, D) with H a multiple of H_kv
     (query head h reads key head h // (H / H_kv)); ``bias``: (B or 1, 1, T, S') additive,
     S' = :func:`padded_span` of S, -inf on every key a query may not see and on keys
-    S..S'. Returns (B, H, T, D) in ``q``'s dtype; computed in float32.
+    S..S'. ``in_order``: sum across blocks in order rather than by a tree (decode steps;
+    another order, so other bits than a prefill's). Returns (B, H, T, D) in ``q``'s dtype;
+    computed in float32.
     """
     t, span, padded = q.shape[2], keys.shape[2], bias.shape[-1]
     if padded != padded_span(span):
@@ -85,26 +83,34 @@ def span_attention(
     # queries sees (a causal chunk's early queries see fewer): the blocks after add zeros.
     tile = max(1, _TILE_SCORES // (q.shape[1] * padded))
     if t <= tile:
-        return _attend(q, keys, values, bias)
+        return _attend(q, keys, values, bias, in_order)
     tiles = []
     for start in range(0, t, tile):
         part = bias[:, :, start : start + tile]
         seen = _blocks_seen(part)
         tiles.append(
-            _attend(q[:, :, start : start + tile], keys[:, :, :seen], values[:, :, :seen], part[..., :seen])
+            _attend(
+                q[:, :, start : start + tile],
+                keys[:, :, :seen],
+                values[:, :, :seen],
+                part[..., :seen],
+                in_order,
+            )
         )
     return torch.cat(tiles, dim=2)
 
 
 def _blocks_seen(bias: torch.Tensor) -> int:
     """The keys of the blocks up to the last key some query of ``bias`` sees, their count
-    rounded up to a power of two (what :func:`_sum_blocks` pads to) within the span."""
+    rounded up to a power of two (what :func:`_tree_sum` pads to) within the span."""
     visible = (bias > float("-inf")).flatten(0, -2).any(0)  # (S',)
     blocks = int(visible.nonzero().max()) // KEY_BLOCK + 1 if bool(visible.any()) else 1
     return min(bias.shape[-1], KEY_BLOCK << (blocks - 1).bit_length())
 
 
-def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, in_order: bool
+) -> torch.Tensor:
     """:func:`span_attention` on float32 keys and values already padded to whole blocks."""
     b, heads, t, d = q.shape
     kv_heads, padded = keys.shape[1], keys.shape[2]
@@ -120,13 +126,14 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: tor
     weights = scores.sub_(scores.amax(dim=-1, keepdim=True)).exp2_()
     weights = weights.view(b, kv_heads, group * t, blocks, KEY_BLOCK)
     value_blocks = values.reshape(b, kv_heads, blocks, KEY_BLOCK, d)
-    num = _sum_blocks(weights.transpose(2, 3) @ value_blocks, dim=2)  # (B, H_kv, G*T, D)
-    den = _sum_blocks(weights.sum(-1), dim=3)  # (B, H_kv, G*T)
+    sum_blocks = _sum_in_order if in_order else _tree_sum
+    num = sum_blocks(weights.transpose(2, 3) @ value_blocks, 2)  # (B, H_kv, G*T, D)
+    den = sum_blocks(weights.sum(-1), 3)  # (B, H_kv, G*T)
     out = num / den[..., None]
     return out.view(b, kv_heads, group, t, d).reshape(b, heads, t, d).to(q.dtype)
 
 
-def _sum_blocks(partial: torch.Tensor, dim: int) -> torch.Tensor:
+def _tree_sum(partial: torch.Tensor, dim: int) -> torch.Tensor:
     """Sum ``partial`` over its blocks along ``dim``, padded with zero blocks to a power of
     two and halved until one is left: trailing blocks of zeros change no sum."""
     blocks = partial.shape[dim]
@@ -138,3 +145,13 @@ def _sum_blocks(partial: torch.Tensor, dim: int) -> torch.Tensor:
         size //= 2
         partial = partial.narrow(dim, 0, size) + partial.narrow(dim, size, size)
     return partial.squeeze(dim)
+
+
+def _sum_in_order(partial: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum ``partial`` over its blocks along ``dim``, block by block from the first: torch's
+    CPU cumsum runs along ``dim`` in order, so trailing blocks of zeros change no sum. One
+    op whatever the count, so a decode step traced over 1 block replays any span; the
+    tree's count of halvings is fixed when traced. (A tree padded to the cache's capacity
+    cost a traced batch-1 step of the full int8 model 1.6-2.2 ms against torch's kernel,
+    this 0.5-1.7 ms; on a long prefill chunk cumsum's scalar loop is the slower one.)"""
+    return partial.cumsum(dim).select(dim, -1)
