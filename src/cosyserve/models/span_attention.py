@@ -9,8 +9,7 @@ dynamic int8 rounding, to move a full-size LM's log-probs by up to 0.19
 (``docs/benchmarks.md``, "A row's output in a batch"), so that a request's speech tokens
 depended on what else the engine was running. torch's kernel also gives a lone decode row
 other bits than the same row in a batch at the same span, on some CPUs and data: on 2 Zen 4
-cores, float32, log-probs 1.9e-6 apart on the full model (docs/benchmarks.md, "Decode rows
-through span_attention").
+cores, float32, log-probs 1.9e-6 apart on the full model (docs/benchmarks.md, "Run 66").
 
 So every CPU step attends with :func:`span_attention`. Every span is padded to whole blocks
 of :data:`KEY_BLOCK` keys, the padding hidden by the mask; the keys are cut into blocks
@@ -151,7 +150,9 @@ def _sum_in_order(partial: torch.Tensor, dim: int) -> torch.Tensor:
     """Sum ``partial`` over its blocks along ``dim``, block by block from the first: torch's
     CPU cumsum runs along ``dim`` in order, so trailing blocks of zeros change no sum. One
     op whatever the count, so a decode step traced over 1 block replays any span; the
-    tree's count of halvings is fixed when traced. (A tree padded to the cache's capacity
-    cost a traced batch-1 step of the full int8 model 1.6-2.2 ms against torch's kernel,
-    this 0.5-1.7 ms; on a long prefill chunk cumsum's scalar loop is the slower one.)"""
+    tree's count of halvings is fixed when traced. On the full int8 model on 2 Zen 4
+    cores a traced batch-1 step cost 0.5-1.7 ms more than with torch's kernel this way,
+    1.6-2.4 ms with a tree padded to the cache's capacity; a prefill chunk of 256 after 768
+    positions summed in order took 717 against 576 ms (the tree: 600-609 against 503-531),
+    so prefills keep the tree.)"""
     return partial.cumsum(dim).select(dim, -1)
