@@ -1,7 +1,7 @@
 """The measuring helpers of ``benchmarks/roofline.py`` and ``benchmarks/op_profile.py``, and
 that ``benchmarks/flow_weights.py``, ``benchmarks/engine_ab.py``,
-``benchmarks/load_memory.py``, ``benchmarks/traced_decode.py``, ``benchmarks/traced_flow.py`` and
-``benchmarks/int8_kernels.py`` run."""
+``benchmarks/load_memory.py``, ``benchmarks/traced_decode.py``, ``benchmarks/traced_flow.py``,
+``benchmarks/int8_kernels.py`` and ``benchmarks/concurrency_bits.py`` run."""
 
 import importlib
 import json
@@ -142,6 +142,14 @@ def test_traced_decode_replays_the_eager_steps(tiny_model_dir: Path, tmp_path: P
     for batch in ("batch_1", "batch_8"):
         assert report[batch]["eager_ms"] > 0 and report[batch]["traced_ms"] > 0
         assert report[batch]["max_log_prob_difference"] == 0.0
+
+
+def test_concurrency_bits_finds_each_requests_tokens_the_same(tiny_model_dir: Path, tmp_path: Path) -> None:
+    args = ("--dtype", "fp32", "--quantize", "int8", "--requests", "4")
+    report = _run_script("concurrency_bits.py", tiny_model_dir, tmp_path, *args)
+    assert report["same_tokens"] == 4
+    assert [row["tokens"] for row in report["requests"]] == [12, 14, 16, 18]
+    assert all(row["max_audio_difference"] <= 1e-4 for row in report["requests"])
 
 
 def _run_script(name: str, model_dir: Path, tmp_path: Path, *args: str) -> Any:
