@@ -15,7 +15,6 @@ first differ, and the largest audio difference where they are.
 """
 
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,7 +32,6 @@ Outputs = dict[str, tuple[tuple[int, ...], np.ndarray]]
 def main() -> None:
     parser = model_parser(__doc__)
     parser.add_argument("--requests", type=int, default=8)
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     model = load_model(args.model_dir, dtype=args.dtype, quantize=args.quantize)
     specs = _specs(model, args.requests)

@@ -15,7 +15,6 @@ mel frames.
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,7 +34,6 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--chunk", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     device = torch.device("cuda")
     model = load_model(args.model_dir, dtype=args.dtype, quantize=args.quantize, device="cuda")

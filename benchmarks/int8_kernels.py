@@ -18,7 +18,6 @@ process's torch threads, as the engine does.
 
 import json
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,7 +34,6 @@ def main() -> None:
     parser = model_parser(__doc__)
     parser.add_argument("--rows", default="1,2,8,16,100", help="rows per call, comma-separated")
     parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.quantize != "int8":
         raise SystemExit("the int8 kernels need --quantize int8")

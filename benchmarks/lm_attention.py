@@ -25,7 +25,6 @@ difference.
 import json
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 import torch
 from bench_args import model_parser  # benchmarks/ is on the path when run as a script
@@ -159,7 +158,6 @@ def checks(lm: CosyVoice2LM, cache: KVCache) -> dict[str, float]:
 def main() -> None:
     parser = model_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     model = load_model(args.model_dir, dtype=args.dtype, quantize=args.quantize)
     lm = model.lm

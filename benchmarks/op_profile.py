@@ -35,7 +35,6 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -73,7 +72,6 @@ def main() -> None:
     add_workload_args(parser, first_hop=True)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="also time a compiled estimator call")
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     threads = hand_over_threads()
     report: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "threads": threads}

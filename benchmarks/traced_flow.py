@@ -22,7 +22,6 @@ import argparse
 import json
 import time
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,7 +40,6 @@ def main() -> None:
     parser = model_parser(__doc__)
     add_workload_args(parser, first_hop=True)
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     threads = hand_over_threads()
     model = load_model(args.model_dir, dtype=args.dtype, quantize=args.quantize, threads=threads)
