@@ -37,17 +37,17 @@ def conv1d(conv: nn.Conv1d, x: Tensor) -> Tensor:
     batch, channels, length = x.shape
     kernel = conv.kernel_size[0]
     frames = length - kernel + 1
+    if not runs_as_matmul(conv, batch, frames):
+        y: Tensor = conv(x)
+        return y
     gemm = packed_gemm(conv)
     if gemm is not None:
         out: Tensor = gemm(tap_windows(x.transpose(1, 2), kernel))
-    elif batch * frames <= GEMM_CONV_ROWS:
+    else:
         # (B, C, T, k) -> (B, T, C, k): column c * k + j holds input channel c at shift j, as
         # the weight's (C_out, C_in, k) layout flattens.
         columns = x.unfold(2, kernel, 1).transpose(1, 2).reshape(batch * frames, channels * kernel)
         out = F.linear(columns, conv.weight.view(conv.out_channels, channels * kernel), conv.bias)
-    else:
-        y: Tensor = conv(x)
-        return y
     return out.view(batch, frames, conv.out_channels).transpose(1, 2)
 
 
