@@ -20,13 +20,8 @@ from typing import Any
 import numpy as np
 from bench_args import model_parser  # benchmarks/ is on the path when run as a script
 
-from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
-from cosyserve.engine.config import EngineConfig
-from cosyserve.engine.engine import Engine
-from cosyserve.engine.request import GenerationSpec
-from cosyserve.loader import LoadedModel, load_model
-
-Outputs = dict[str, tuple[tuple[int, ...], np.ndarray]]
+from cosyserve.bench.engine_runs import Results, make_engine, mixed_specs, run_alone, run_together
+from cosyserve.loader import load_model
 
 
 def main() -> None:
@@ -34,14 +29,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8)
     args = parser.parse_args()
     model = load_model(args.model_dir, dtype=args.dtype, quantize=args.quantize)
-    specs = _specs(model, args.requests)
-    dtype = model.precision.kv_cache_dtype
-    alone: Outputs = {}
-    reference = EngineConfig(max_active=1, prefix_cache_positions=0, traced_decode=False, dtype=dtype)
-    single = _engine(model, reference)
-    for spec in specs:
-        alone |= _run(single, [spec])
-    together = _run(_engine(model, EngineConfig(max_active=max(16, len(specs)), dtype=dtype)), specs)
+    specs = mixed_specs(model, args.requests)
+    alone = run_alone(model, specs)
+    together = run_together(make_engine(model, max_active=max(16, len(specs))), specs)
+    for results in (alone, together):
+        failed = {rid: result.error for rid, result in results.items() if result.error is not None}
+        if failed:
+            raise SystemExit(f"requests failed: {failed}")
     rows = [_compare(spec.request_id, alone, together) for spec in specs]
     report = {
         "precision": model.precision.describe(),
@@ -53,45 +47,9 @@ def main() -> None:
         args.json.write_text(json.dumps(report, indent=2))
 
 
-def _specs(model: LoadedModel, count: int) -> list[GenerationSpec]:
-    voices = [synthetic_voice(model.hparams, 1.0 + 0.25 * i, seed=i) for i in range(3)]
-    return [
-        synthetic_spec(
-            f"req-{i}",
-            voices[i % len(voices)],
-            synthetic_text_ids(model.hparams, 12 + 2 * i, seed=i),
-            tokens=12 + 2 * i,
-            seed=1000 + i,
-            stream=i % 2 == 0,
-            first_hop=8 if i % 4 == 0 else None,
-        )
-        for i in range(count)
-    ]
-
-
-def _engine(model: LoadedModel, config: EngineConfig) -> Engine:
-    return Engine(model.lm, model.flow, model.hift, config)
-
-
-def _run(engine: Engine, specs: list[GenerationSpec]) -> Outputs:
-    """Each request's speech tokens and audio, the requests added at once."""
-    chunks: dict[str, list[np.ndarray]] = {spec.request_id: [] for spec in specs}
-    tokens: dict[str, tuple[int, ...]] = {}
-    for spec in specs:
-        engine.add(spec)
-    while engine.has_work():
-        for out in engine.step():
-            if out.error is not None:
-                raise RuntimeError(f"{out.request_id} failed: {out.error}")
-            if out.audio is not None and out.audio.size:
-                chunks[out.request_id].append(out.audio)
-            if out.speech_tokens is not None:
-                tokens[out.request_id] = out.speech_tokens
-    return {rid: (tokens[rid], np.concatenate(parts)) for rid, parts in chunks.items()}
-
-
-def _compare(request_id: str, alone: Outputs, together: Outputs) -> dict[str, Any]:
-    (want, want_audio), (got, got_audio) = alone[request_id], together[request_id]
+def _compare(request_id: str, alone: Results, together: Results) -> dict[str, Any]:
+    want, got = alone[request_id].tokens or (), together[request_id].tokens or ()
+    want_audio, got_audio = alone[request_id].audio, together[request_id].audio
     row: dict[str, Any] = {"request": request_id, "tokens": len(want), "same_tokens": got == want}
     if got != want:
         pairs = enumerate(zip(got, want, strict=False))

@@ -7,12 +7,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from cosyserve.bench.engine_runs import make_engine, mixed_specs
 from cosyserve.engine import async_engine as async_engine_module
 from cosyserve.engine.async_engine import AsyncEngine
 from cosyserve.engine.request import StepOutput
 from cosyserve.loader import LoadedModel
 from cosyserve.memory import pretouch
-from tests.engine.helpers import make_engine, mixed_specs
 
 
 @pytest.fixture(autouse=True)

@@ -14,14 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from cosyserve.engine.async_engine import AsyncEngine, EngineDeadError
-from cosyserve.engine.engine import Engine
-from cosyserve.engine.request import GenerationSpec, Request
-from cosyserve.engine.scheduler import OverloadedError
-from cosyserve.loader import LoadedModel, load_model
-from tests.engine.helpers import (
-    Result,
-    assert_same,
+from cosyserve.bench.engine_runs import (
+    RequestResult,
     collect,
     drain,
     make_engine,
@@ -29,6 +23,12 @@ from tests.engine.helpers import (
     run_alone,
     run_together,
 )
+from cosyserve.engine.async_engine import AsyncEngine, EngineDeadError
+from cosyserve.engine.engine import Engine
+from cosyserve.engine.request import GenerationSpec, Request
+from cosyserve.engine.scheduler import OverloadedError
+from cosyserve.loader import LoadedModel, load_model
+from tests.engine.helpers import assert_same
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def specs(tiny_model: LoadedModel) -> list[GenerationSpec]:
 
 
 @pytest.fixture(scope="module")
-def alone(tiny_model: LoadedModel, specs: list[GenerationSpec]) -> dict[str, Result]:
+def alone(tiny_model: LoadedModel, specs: list[GenerationSpec]) -> dict[str, RequestResult]:
     return run_alone(tiny_model, specs)
 
 
@@ -67,8 +67,8 @@ def running(engine: Engine) -> dict[str, Request]:
     return {r.id: r for r in engine.scheduler.running}
 
 
-async def consume(engine: AsyncEngine, spec: GenerationSpec, stop_after: int | None = None) -> Result:
-    result = Result()
+async def consume(engine: AsyncEngine, spec: GenerationSpec, stop_after: int | None = None) -> RequestResult:
+    result = RequestResult()
     chunks = engine.generate(spec)
     try:
         async for chunk in chunks:
@@ -95,7 +95,7 @@ async def wait_idle(engine: AsyncEngine, timeout: float = 60.0) -> None:
 
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
 def test_sixteen_concurrent_requests_match_their_solo_runs(
-    tiny_model: LoadedModel, specs: list[GenerationSpec], alone: dict[str, Result], traced: bool
+    tiny_model: LoadedModel, specs: list[GenerationSpec], alone: dict[str, RequestResult], traced: bool
 ) -> None:
     # Traced: decode steps replayed from TorchScript traces (traced_decode, the default),
     # one for a lone row and one for larger batches, over each step's span; the solo runs
@@ -134,12 +134,12 @@ def test_int8_requests_match_their_solo_runs(tiny_model_dir: Path) -> None:
 
 
 def test_aborting_half_mid_stream_frees_everything(
-    tiny_model: LoadedModel, specs: list[GenerationSpec], alone: dict[str, Result]
+    tiny_model: LoadedModel, specs: list[GenerationSpec], alone: dict[str, RequestResult]
 ) -> None:
     engine = make_engine(tiny_model, max_active=16)
     for spec in specs:
         engine.add(spec)
-    results: dict[str, Result] = {}
+    results: dict[str, RequestResult] = {}
     collect(engine.step(), results)
     refs = [weakref.ref(r) for r in engine.scheduler.running]
     assert len(refs) == len(specs)
@@ -172,7 +172,7 @@ def test_aborting_half_mid_stream_frees_everything(
 def test_a_failing_request_fails_alone(
     tiny_model: LoadedModel,
     specs: list[GenerationSpec],
-    alone: dict[str, Result],
+    alone: dict[str, RequestResult],
     monkeypatch: pytest.MonkeyPatch,
     traced: bool,
 ) -> None:
@@ -221,9 +221,9 @@ def test_overload_is_refused_at_once(tiny_model: LoadedModel, specs: list[Genera
 
 
 def test_async_engine_requests_match_their_solo_runs(
-    async_engine: AsyncEngine, specs: list[GenerationSpec], alone: dict[str, Result]
+    async_engine: AsyncEngine, specs: list[GenerationSpec], alone: dict[str, RequestResult]
 ) -> None:
-    async def main() -> list[Result]:
+    async def main() -> list[RequestResult]:
         return await asyncio.gather(*(consume(async_engine, s) for s in specs))
 
     results = dict(zip([s.request_id for s in specs], asyncio.run(main()), strict=True))
@@ -233,11 +233,11 @@ def test_async_engine_requests_match_their_solo_runs(
 
 
 def test_async_engine_abort_half_and_shutdown(
-    async_engine: AsyncEngine, specs: list[GenerationSpec], alone: dict[str, Result]
+    async_engine: AsyncEngine, specs: list[GenerationSpec], alone: dict[str, RequestResult]
 ) -> None:
     stopped = {s.request_id for s in specs if s.first_hop is not None}  # several chunks each
 
-    async def main() -> list[Result]:
+    async def main() -> list[RequestResult]:
         runs = [consume(async_engine, s, 1 if s.request_id in stopped else None) for s in specs]
         results = await asyncio.gather(*runs)
         await wait_idle(async_engine)

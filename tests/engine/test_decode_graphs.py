@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from cosyserve.bench.engine_runs import make_engine, mixed_specs, run_together
 from cosyserve.engine.config import EngineConfig
 from cosyserve.engine.decode_graphs import (
     Capture,
@@ -29,7 +30,7 @@ from cosyserve.loader import LoadedModel
 from cosyserve.modeldir.presets import TINY
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM
-from tests.engine.helpers import assert_same, make_engine, mixed_specs, run_together
+from tests.engine.helpers import assert_same
 
 CFG = TINY.lm
 LENGTHS = (50, 57, 62)

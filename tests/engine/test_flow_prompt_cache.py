@@ -5,13 +5,14 @@ import numpy as np
 import pytest
 import torch
 
+from cosyserve.bench.engine_runs import run_together
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.config import EngineConfig, FlowCacheMode
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.request import GenerationSpec
 from cosyserve.loader import LoadedModel
 from cosyserve.models.flow.stream_cache import FlowStreamCache
-from tests.engine.helpers import assert_same, run_together
+from tests.engine.helpers import assert_same
 
 
 def _engine(model: LoadedModel, mode: FlowCacheMode, megabytes: int, whole: bool = False) -> Engine:

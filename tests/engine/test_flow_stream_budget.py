@@ -6,12 +6,13 @@ import math
 
 import pytest
 
+from cosyserve.bench.engine_runs import RequestResult, collect, drain, run_together
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.config import EngineConfig, FlowCacheMode
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.request import GenerationSpec
 from cosyserve.loader import LoadedModel
-from tests.engine.helpers import Result, assert_same, collect, drain, run_together
+from tests.engine.helpers import assert_same
 
 TOKENS = 60
 
@@ -75,9 +76,9 @@ def test_a_finished_stream_gives_its_reservation_back(tiny_model: LoadedModel) -
 def test_an_aborted_stream_gives_its_reservation_back(tiny_model: LoadedModel) -> None:
     first, second = _specs(tiny_model, 2)
     engine = _engine(tiny_model, "incremental", _room_for_one(tiny_model, first))
-    results: dict[str, Result] = {}
+    results: dict[str, RequestResult] = {}
     engine.add(first)
-    while not results.get(first.request_id, Result()).chunks:  # its cache exists after the first chunk
+    while not results.get(first.request_id, RequestResult()).chunks:  # its cache exists after the first chunk
         collect(engine.step(), results)
     assert engine.abort(first.request_id)
     engine.add(second)
@@ -92,9 +93,9 @@ def test_a_stream_cache_takes_its_reservation_after_its_first_chunk(tiny_model: 
     (spec,) = _specs(tiny_model, 1)
     engine = _engine(tiny_model, "incremental", 1024)
     engine.add(spec)
-    results: dict[str, Result] = {}
+    results: dict[str, RequestResult] = {}
     sizes = []
-    while not results.get(spec.request_id, Result()).finished:
+    while not results.get(spec.request_id, RequestResult()).finished:
         collect(engine.step(), results)
         for request in engine.scheduler.running:
             (seg,) = request.segments

@@ -6,11 +6,11 @@ from collections import Counter
 
 import torch
 
+from cosyserve.bench.engine_runs import make_engine
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.request import GenerationSpec, Request, SegmentState, StepOutput
 from cosyserve.loader import LoadedModel
-from tests.engine.helpers import make_engine
 
 WARM_UP, TOTAL, IN_FLIGHT, VOICES = 50, 200, 8, 12
 # Measured on the tiny model: after the warm-up, RSS still rises by about 2-6 MB per 150

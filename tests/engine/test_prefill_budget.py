@@ -1,9 +1,9 @@
 """A long prompt is prefilled in chunks and never holds up the others' decode."""
 
+from cosyserve.bench.engine_runs import RequestResult, collect, drain, make_engine, run_alone
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.request import Phase
 from cosyserve.loader import LoadedModel
-from tests.engine.helpers import Result, collect, drain, make_engine, run_alone
 
 
 def test_long_prefill_runs_in_chunks_while_others_decode(tiny_model: LoadedModel) -> None:
@@ -15,7 +15,7 @@ def test_long_prefill_runs_in_chunks_while_others_decode(tiny_model: LoadedModel
     long_voice = synthetic_voice(hp, 14.0, seed=2)  # 350 prompt speech tokens + 56 text ids
     long = synthetic_spec("long", long_voice, synthetic_text_ids(hp, 10, seed=2), tokens=10, seed=8)
     engine = make_engine(tiny_model, max_active=2, prefill_chunk=chunk, max_len=1024)
-    results: dict[str, Result] = {}
+    results: dict[str, RequestResult] = {}
     engine.add(short)
     while not [r for r in engine.scheduler.running if r.phase is Phase.DECODE]:
         collect(engine.step(), results)

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from cosyserve.bench.engine_runs import RequestResult, drain, make_engine, run_together, voices
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids
 from cosyserve.engine.config import FlowCacheMode
 from cosyserve.engine.engine import Engine
@@ -13,7 +14,7 @@ from cosyserve.engine.request import GenerationSpec
 from cosyserve.engine.token2wav import ChunkWork
 from cosyserve.loader import LoadedModel
 from cosyserve.models.flow.stream_cache import FlowStreamCache
-from tests.engine.helpers import Result, assert_same, drain, make_engine, run_together, voices
+from tests.engine.helpers import assert_same
 
 
 def lockstep_specs(model: LoadedModel, stream: bool, count: int = 6) -> list[GenerationSpec]:
@@ -34,8 +35,8 @@ def lockstep_specs(model: LoadedModel, stream: bool, count: int = 6) -> list[Gen
     ]
 
 
-def alone(model: LoadedModel, specs: list[GenerationSpec], mode: FlowCacheMode) -> dict[str, Result]:
-    results: dict[str, Result] = {}
+def alone(model: LoadedModel, specs: list[GenerationSpec], mode: FlowCacheMode) -> dict[str, RequestResult]:
+    results: dict[str, RequestResult] = {}
     engine = make_engine(model, max_active=1, prefix_cache_positions=0, flow_cache=mode)  # type: ignore[arg-type]
     for spec in specs:
         engine.add(spec)
@@ -113,7 +114,7 @@ def test_incremental_chunks_run_at_most_flow_stream_rows_to_a_flow_call(
 ) -> None:
     specs = lockstep_specs(tiny_model, stream=True)
     sizes: dict[int, list[int]] = {}
-    results: dict[int, dict[str, Result]] = {}
+    results: dict[int, dict[str, RequestResult]] = {}
     for rows in (0, 1, 2):
         engine = make_engine(tiny_model, max_active=len(specs), flow_stream_rows=rows)
         token2wav = engine.token2wav

@@ -7,12 +7,12 @@ import time
 import pytest
 import torch
 
+from cosyserve.bench.engine_runs import RequestResult, drain, make_engine, voices
 from cosyserve.bench.workload import synthetic_spec
 from cosyserve.engine.async_engine import AsyncEngine, EngineDeadError
 from cosyserve.engine.engine import DeviceOutOfMemoryError, Engine
 from cosyserve.loader import LoadedModel, load_model
 from cosyserve.server.error_map import map_error
-from tests.engine.helpers import Result, drain, make_engine, voices
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_out_of_memory_fails_only_that_request_and_frees_it(
     engine.token2wav.run = run_or_oom  # type: ignore[method-assign]
     for spec in _specs(tiny_model):
         engine.add(spec)
-    results: dict[str, Result] = {}
+    results: dict[str, RequestResult] = {}
     with caplog.at_level(logging.ERROR, "cosyserve.engine.engine"):
         drain(engine, results)
     assert isinstance(results["r0"].error, DeviceOutOfMemoryError)
