@@ -466,16 +466,27 @@ def _run_interleaved(sides: list[str], args: argparse.Namespace) -> dict[str, di
     bursts."""
     load_before = os.getloadavg()
     commands = {side: [*_command(side, args), "--take-turns"] for side in sides}
-    reports = {side: json.loads(line) for side, line in take_turns(commands, _steps(args)).items()}
-    for report in reports.values():
-        report["load_average_before"] = load_before
+    lines = take_turns(commands, _steps(args))
+    return {side: _report(line, load_before) for side, line in lines.items()}
+
+
+def _run_apart(sides: list[str], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Each side's worker after the other's (``--no-interleave``), each after
+    ``--settle-s`` of idle."""
+    reports = {}
+    for side in sides:
+        if args.settle_s > 0:
+            _progress(f"{args.settle_s:g} s idle before {side}")
+            time.sleep(args.settle_s)
+        load_before = os.getloadavg()
+        done = subprocess.run(_command(side, args), check=True, stdout=subprocess.PIPE, text=True)
+        reports[side] = _report(done.stdout.strip().splitlines()[-1], load_before)
     return reports
 
 
-def _run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
-    load_before = os.getloadavg()
-    done = subprocess.run(_command(side, args), check=True, stdout=subprocess.PIPE, text=True)
-    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+def _report(line: str, load_before: tuple[float, float, float]) -> dict[str, Any]:
+    """A worker's JSON report line, with the load average before its side ran."""
+    report: dict[str, Any] = json.loads(line)
     report["load_average_before"] = load_before
     return report
 
@@ -676,15 +687,7 @@ def main() -> None:
     _progress(f"load average before: {uptime}")
     if args.interleave and args.settle_s > 0:
         parser.error("--settle-s idles before each side's process: it needs --no-interleave")
-    if args.interleave:
-        reports = _run_interleaved(sides, args)
-    else:
-        reports = {}
-        for side in sides:
-            if args.settle_s > 0:
-                _progress(f"{args.settle_s:g} s idle before {side}")
-                time.sleep(args.settle_s)
-            reports[side] = _run_side(side, args)
+    reports = _run_interleaved(sides, args) if args.interleave else _run_apart(sides, args)
     ratios = _ratios(reports) if len(reports) == 2 else None
     print(
         f"{args.tokens} tokens ({args.tokens / 25:.2f} s of audio) per request, {args.streams} streams, "

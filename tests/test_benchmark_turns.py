@@ -94,3 +94,19 @@ def test_upstream_engine_interleaves_the_two_sides(tiny_model_dir: Path, tmp_pat
     reports = json.loads(out.read_text())["reports"]
     for side in ("upstream", "ours"):
         assert len(reports[side]["non_stream_runs_s"]) == 2 and reports[side]["streams_audio_s_per_s"] > 0
+
+
+def test_upstream_engine_without_interleave_runs_one_side_after_the_other(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "report.json"
+    command = [sys.executable, str(BENCHMARKS / "upstream_engine.py"), "--model-dir", str(tiny_model_dir)]
+    command += ["--tokens", "10", "--streams", "2", "--repeats", "1", "--prompt-seconds", "1"]
+    command += ["--no-interleave", "--json", str(out)]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    sides = [line.split("] ", 1)[1].split(":")[0] for line in done.stderr.splitlines() if "streaming, " in line]
+    assert sides == ["upstream", "upstream", "ours", "ours"]
+    reports = json.loads(out.read_text())["reports"]
+    for side in ("upstream", "ours"):
+        assert len(reports[side]["load_average_before"]) == 3
+        assert reports[side]["non_stream_runs_s"] and reports[side]["streams_audio_s_per_s"] > 0
