@@ -104,7 +104,8 @@ def test_upstream_engine_without_interleave_runs_one_side_after_the_other(
     command += ["--tokens", "10", "--streams", "2", "--repeats", "1", "--prompt-seconds", "1"]
     command += ["--no-interleave", "--json", str(out)]
     done = subprocess.run(command, check=True, capture_output=True, text=True)
-    sides = [line.split("] ", 1)[1].split(":")[0] for line in done.stderr.splitlines() if "streaming, " in line]
+    progress = [line.split("] ", 1)[1] for line in done.stderr.splitlines() if "streaming, " in line]
+    sides = [line.split(":")[0] for line in progress]
     assert sides == ["upstream", "upstream", "ours", "ours"]
     reports = json.loads(out.read_text())["reports"]
     for side in ("upstream", "ours"):
