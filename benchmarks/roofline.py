@@ -23,7 +23,9 @@ large fp32 and bf16 GEMMs, an int8 dynamic-quantized Linear, and streaming reads
 """
 
 import argparse
+import functools
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -33,7 +35,7 @@ from typing import Any
 import torch
 from bench_args import add_workload_args  # benchmarks/ is on the path when run as a script
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, register_flop_formula
 
 from cosyserve.loader import LoadedModel, load_model
 
@@ -193,10 +195,23 @@ def _achieved(
 def flop_counts(fn: Callable[[], object]) -> dict[str, float]:
     """FLOPs of ``fn()`` per op (``aten.mm``, ...), attention included: scaled dot-product
     attention runs its math backend here (batched matmuls), since torch's counter has no
-    formula for the CPU flash kernel and counted it as 0 (the flow's 469 GFLOP)."""
+    formula for the CPU flash kernel and counted it as 0 (the flow's 469 GFLOP). The packed
+    bf16 Linears (``mkldnn._linear_pointwise``) get a formula of their own."""
+    _count_packed_linears()
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         fn()
     return {str(op): float(flops) for op, flops in counter.get_flop_counts()["Global"].items()}
+
+
+@functools.cache
+def _count_packed_linears() -> None:
+    """Teach torch's FLOP counter ``mkldnn._linear_pointwise`` (``PackedLinear``): it has no
+    formula for it and counted the bf16 flow's Linears, most of its FLOPs, as 0. The packed
+    weight reports its logical shape ``(out, in)``."""
+
+    @register_flop_formula(torch.ops.mkldnn._linear_pointwise)
+    def linear_pointwise(x_shape: torch.Size, w_shape: torch.Size, *args: object, **kwargs: object) -> int:
+        return 2 * math.prod(x_shape[:-1]) * x_shape[-1] * w_shape[0]
 
 
 def _flops(fn: Callable[[], object]) -> float:

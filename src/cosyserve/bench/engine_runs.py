@@ -3,6 +3,7 @@ each produced: for the tests that compare requests run alone and together, and f
 ``benchmarks/concurrency_bits.py``, which does so on a full-size model."""
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -33,11 +34,11 @@ class RequestResult:
 Results = dict[str, RequestResult]
 
 
-def make_engine(model: LoadedModel, **options: object) -> Engine:
+def make_engine(model: LoadedModel, **options: Any) -> Engine:
     """An engine on ``model`` with :class:`EngineConfig` ``options``; its KV cache in the
     model's cache dtype unless ``dtype`` is given."""
     options.setdefault("dtype", model.precision.kv_cache_dtype)
-    return Engine(model.lm, model.flow, model.hift, EngineConfig(**options))  # type: ignore[arg-type]
+    return Engine(model.lm, model.flow, model.hift, EngineConfig(**options))
 
 
 def collect(outputs: list[StepOutput], results: Results) -> None:
