@@ -25,6 +25,7 @@ difference.
 import json
 from collections.abc import Callable
 from functools import partial
+from typing import TypeVar
 
 import torch
 from bench_args import model_parser  # benchmarks/ is on the path when run as a script
@@ -39,12 +40,13 @@ from cosyserve.models.lm import CosyVoice2LM
 KERNELS = {"torch": False, "span": True}
 PROMPTS = 8
 ENGINE_CHOICE = qwen2.runs_span_attention
+T = TypeVar("T")
 
 
-def forced(span: bool, run: Callable[[], object]) -> Callable[[], object]:
+def forced(span: bool, run: Callable[[], T]) -> Callable[[], T]:
     """``run`` with the LM's attention kernel forced: ``span_attention`` or torch's."""
 
-    def call() -> object:
+    def call() -> T:
         qwen2.runs_span_attention = lambda device: span
         return run()
 
@@ -59,26 +61,33 @@ def kernel_times(
     return interleaved(variants, undo, rounds, warm_up)[0]
 
 
-def decode_times(lm: CosyVoice2LM, cache: KVCache, batch: int, repeats: int) -> dict[str, float]:
-    """Median ms of a decode step of ``batch`` rows per kernel; the slots are left as found."""
+def decode_rows(cache: KVCache, batch: int) -> tuple[list[int], torch.Tensor, Callable[[], None]]:
+    """The first ``batch`` slots, a token for each, and a call that truncates the slots back
+    to their lengths now (undoing the steps timed on them)."""
     slots = list(range(batch))
     lengths = [cache.length(s) for s in slots]
-    tokens = torch.arange(batch) + 3
 
     def undo() -> None:
         for slot, length in zip(slots, lengths, strict=True):
             cache.truncate(slot, length)
 
+    return slots, torch.arange(batch) + 3, undo
+
+
+def decode_times(lm: CosyVoice2LM, cache: KVCache, batch: int, repeats: int) -> dict[str, float]:
+    """Median ms of a decode step of ``batch`` rows per kernel; the slots are left as found."""
+    slots, tokens, undo = decode_rows(cache, batch)
     return kernel_times(lambda: lm.decode(tokens, slots, cache), undo, repeats + 2, warm_up=2)
 
 
 def traces(lm: CosyVoice2LM, cache: KVCache) -> dict[str, DecodeGraphs]:
     """The engine's traced decode steps, recorded with each kernel (before any slot is
     taken: the capture borrows a free one)."""
-    graphs = {}
-    for name, span in KERNELS.items():
-        qwen2.runs_span_attention = lambda device, span=span: span
-        graphs[name] = DecodeGraphs.for_engine(lm, cache, TraceCapture(lm), PROMPTS)
+
+    def capture() -> DecodeGraphs:
+        return DecodeGraphs.for_engine(lm, cache, TraceCapture(lm), PROMPTS)
+
+    graphs = {name: forced(span, capture)() for name, span in KERNELS.items()}
     qwen2.runs_span_attention = ENGINE_CHOICE
     return graphs
 
@@ -87,13 +96,7 @@ def traced_decode_times(
     graphs: dict[str, DecodeGraphs], cache: KVCache, batch: int, repeats: int
 ) -> dict[str, float]:
     """Median ms of a replayed decode step of ``batch`` rows per kernel's traces."""
-    slots, tokens = list(range(batch)), torch.arange(batch) + 3
-    lengths = [cache.length(s) for s in slots]
-
-    def undo() -> None:
-        for slot, length in zip(slots, lengths, strict=True):
-            cache.truncate(slot, length)
-
+    slots, tokens, undo = decode_rows(cache, batch)
     steps = {name: partial(g.decode, tokens, slots) for name, g in graphs.items()}
     return interleaved(steps, undo, repeats + 2, 2)[0]
 
