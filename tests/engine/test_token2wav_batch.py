@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from cosyserve.bench.engine_runs import RequestResult, drain, make_engine, run_together, voices
+from cosyserve.bench.engine_runs import RequestResult, drain, make_engine, run_alone, run_together, voices
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids
 from cosyserve.engine.config import FlowCacheMode
 from cosyserve.engine.engine import Engine
@@ -36,12 +36,7 @@ def lockstep_specs(model: LoadedModel, stream: bool, count: int = 6) -> list[Gen
 
 
 def alone(model: LoadedModel, specs: list[GenerationSpec], mode: FlowCacheMode) -> dict[str, RequestResult]:
-    results: dict[str, RequestResult] = {}
-    engine = make_engine(model, max_active=1, prefix_cache_positions=0, flow_cache=mode)  # type: ignore[arg-type]
-    for spec in specs:
-        engine.add(spec)
-        drain(engine, results)
-    return results
+    return run_alone(model, specs, flow_cache=mode, traced_decode=True)
 
 
 @pytest.mark.parametrize(

@@ -75,11 +75,13 @@ def run_together(engine: Engine, specs: list[GenerationSpec]) -> Results:
     return results
 
 
-def run_alone(model: LoadedModel, specs: list[GenerationSpec]) -> Results:
+def run_alone(model: LoadedModel, specs: list[GenerationSpec], **options: Any) -> Results:
     """Each spec alone in an engine of one slot without prefix cache, its decode steps
-    eager: the reference that requests run together are held to."""
+    eager (unless ``options``, other :class:`EngineConfig` fields, say otherwise): the
+    reference that requests run together are held to."""
     results: Results = {}
-    engine = make_engine(model, max_active=1, prefix_cache_positions=0, traced_decode=False)
+    reference: dict[str, Any] = {"max_active": 1, "prefix_cache_positions": 0, "traced_decode": False}
+    engine = make_engine(model, **(reference | options))
     for spec in specs:
         engine.add(spec)
         drain(engine, results)
