@@ -4,7 +4,8 @@ by rows per call, on a full-size model.
     python benchmarks/int8_kernels.py --model-dir /tmp/cv2-full-bench [--dtype bf16]
         [--rows 1,2,8,16,100] [--rounds 12] [--json out.json]
 
-The model is loaded as the server loads it (``--quantize int8``). For each row count, one
+The model is loaded as the server loads it (``--quantize int8``), without our kernel
+(``benchmarks/native_int8.py`` compares that one with fbgemm). For each row count, one
 sweep calls every int8 Linear of the decoder that has oneDNN weights once, in order (as a
 step or a prefill does: each weight read from memory), on random rows scaled as the
 Linears scale them; three sweeps take turns for ``--rounds`` rounds (the first 2 not
@@ -17,6 +18,7 @@ process's torch threads, as the engine does.
 """
 
 import json
+import os
 from functools import partial
 from typing import Any
 
@@ -25,6 +27,7 @@ from bench_args import model_parser  # benchmarks/ is on the path when run as a 
 from interleave import interleaved
 
 from cosyserve.loader import LoadedModel, load_model
+from cosyserve.models.native_int8 import ENV_SWITCH
 from cosyserve.models.onednn_int8 import INPUT_SCALE, INPUT_ZERO_POINT, OneDnnInt8Weight
 from cosyserve.models.quantize import Int8DynamicLinear
 from cosyserve.parallelism import call_on_own_thread, hand_over_threads
@@ -38,6 +41,7 @@ def main() -> None:
     if args.quantize != "int8":
         raise SystemExit("the int8 kernels need --quantize int8")
     threads = hand_over_threads()
+    os.environ[ENV_SWITCH] = "0"  # fbgemm keeps its weights: our kernel has its own script
     model = load_model(args.model_dir, dtype=args.dtype, quantize="int8", threads=threads)
     rows = [int(n) for n in args.rows.split(",")]
     report = call_on_own_thread(partial(measure, model, rows, args.rounds), threads=threads, name="bench")

@@ -1,7 +1,7 @@
 """The measuring helpers of ``benchmarks/roofline.py`` and ``benchmarks/op_profile.py``, and
 that ``benchmarks/flow_weights.py``, ``benchmarks/engine_ab.py``,
 ``benchmarks/load_memory.py``, ``benchmarks/traced_decode.py``, ``benchmarks/traced_flow.py``,
-``benchmarks/int8_kernels.py`` and ``benchmarks/concurrency_bits.py`` run."""
+``benchmarks/int8_kernels.py``, ``benchmarks/native_int8.py`` and ``benchmarks/concurrency_bits.py`` run."""
 
 import importlib
 import json
@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cosyserve.models import native_int8
 from cosyserve.models.packed_linear import PackedLinear, packing_available
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
@@ -201,3 +202,14 @@ def test_int8_kernels_compares_fbgemm_and_onednn(tiny_model_dir: Path, tmp_path:
         assert report[rows]["fbgemm_ms"] > 0 and report[rows]["onednn_ms"] > 0
     assert not report["rows_1"]["onednn_in_the_model"]
     assert report["rows_16"]["same_bits"] and report["rows_40"]["same_bits"]
+
+
+def test_native_int8_compares_the_kernel_with_fbgemm(tiny_model_dir: Path, tmp_path: Path) -> None:
+    if not native_int8.supported():
+        pytest.skip("the int8 kernel runs only on CPUs with AVX-512 VNNI")
+    args = ("--dtype", "fp32", "--rows", "1,13", "--batches", "1,3", "--rounds", "4")
+    report = _run_script("native_int8.py", tiny_model_dir, tmp_path, *args)
+    assert report["linears"] == 9  # 2 layers x (q/k/v, output, gate/up, down), and the head
+    for key in ("linears_rows_1", "linears_rows_13", "decode_batch_1", "decode_batch_3"):
+        assert report[key]["native_ms"] > 0 and report[key]["fbgemm_ms"] > 0
+        assert report[key]["same_bits"], key

@@ -39,6 +39,7 @@ from torch import nn
 
 from cosyserve.memory import PageReleaser
 from cosyserve.models.lm import CosyVoice2LM
+from cosyserve.models.native_int8 import NativeInt8Packer, NativeInt8Weight
 from cosyserve.models.onednn_int8 import INPUT_SCALE, INPUT_ZERO_POINT, OneDnnInt8Weight, OneDnnPacker
 from cosyserve.models.precision import Precision, PrecisionError, Quantization, require_torchao
 from cosyserve.models.qwen2 import DecoderLayer
@@ -75,18 +76,19 @@ def quantize_lm_(lm: CosyVoice2LM, precision: Precision) -> None:
         logger.warning("torch.ao quantize_dynamic is unavailable; int8 uses weight-only int8 instead")
     release = PageReleaser()
     onednn = OneDnnPacker.create() if quantize_dynamic is not None else None
+    native = NativeInt8Packer.create(INPUT_SCALE, INPUT_ZERO_POINT) if quantize_dynamic is not None else None
     for layer in layers:
         weights = [module.weight for module in layer.modules() if isinstance(module, nn.Linear)]
         if quantize_dynamic is None:
             int8_weight_only_(layer)
         else:
-            int8_dynamic_([layer], quantize_dynamic, onednn)
+            int8_dynamic_([layer], quantize_dynamic, onednn, native)
         # Read once to quantize them: their pages of llm.pt need not stay resident.
         release(weights)
     if quantize_dynamic is not None:
         head = lm.llm_decoder.weight
         # The layers' Linears are int8 already: of the LM's own Linears only the head is left.
-        int8_dynamic_([lm], quantize_dynamic, onednn)
+        int8_dynamic_([lm], quantize_dynamic, onednn, native)
         release([head])
 
 
@@ -101,11 +103,16 @@ def ao_quantize_dynamic() -> QuantizeDynamic | None:
 
 
 def int8_dynamic_(
-    layers: Iterable[nn.Module], quantize_dynamic: QuantizeDynamic, onednn: OneDnnPacker | None = None
+    layers: Iterable[nn.Module],
+    quantize_dynamic: QuantizeDynamic,
+    onednn: OneDnnPacker | None = None,
+    native: NativeInt8Packer | None = None,
 ) -> None:
     """Swap every ``nn.Linear`` of the decoder ``layers`` for torch's dynamic int8 Linear:
     weights int8 per output channel (symmetric), activations quantized per call and row
-    (:class:`Int8DynamicLinear`); with ``onednn``, packed for oneDNN too.
+    (:class:`Int8DynamicLinear`); with ``onednn``, packed for oneDNN too; with ``native``,
+    packed for our kernel (:mod:`cosyserve.models.native_int8`), whose weights then replace
+    fbgemm's: every call takes the kernel or oneDNN.
 
     Each layer's q/k/v and gate/up projections are stacked into one Linear first
     (``fuse_projections_``): a decode step then makes 4 int8 calls per layer instead of 7
@@ -128,8 +135,12 @@ def int8_dynamic_(
             quantize_dynamic(layer, {nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
             for (parent, name), module in list(_children(layer, _ao_dynamic_linear_type())):
                 int8 = Int8DynamicLinear.from_ao(module)
-                if onednn is not None:
+                if native is not None and int8.packed is not None:
+                    int8.native = native.pack(int8.packed, int8.bias, int8)
+                if onednn is not None and int8.packed is not None:
                     int8.onednn = onednn.pack(int8.packed)
+                if int8.native is not None:
+                    int8.packed = None  # fbgemm's copy: no call reaches it any more
                 setattr(parent, name, int8)
 
 
@@ -166,9 +177,11 @@ class Int8DynamicLinear(nn.Module):
         super().__init__()
         if in_features < 2:
             raise ValueError("an int8 dynamic Linear needs at least 2 input features")
-        self.packed = packed
-        # The same weights for oneDNN, for calls of several rows (set by int8_dynamic_).
+        self.packed: torch.ScriptObject | None = packed
+        # The same weights for oneDNN, for calls of several rows, and for our kernel, for
+        # every other call (both set by int8_dynamic_; with the kernel, packed goes).
         self.onednn: OneDnnInt8Weight | None = None
+        self.native: NativeInt8Weight | None = None
         self.in_features = in_features
         self.out_features = out_features
         self.register_buffer("bias", bias, persistent=False)
@@ -190,17 +203,23 @@ class Int8DynamicLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: (..., in) float32 -> (..., out) float32; quantized to 7 bits as ``torch.ao``
         does on x86 (``reduce_range``), each row on its own scale. Calls of several rows go
-        to oneDNN where :attr:`onednn` is set (:mod:`cosyserve.models.onednn_int8`)."""
+        to oneDNN where :attr:`onednn` is set (:mod:`cosyserve.models.onednn_int8`), the
+        others to our kernel where :attr:`native` is set (the same bits, in one op)."""
         rows = x.reshape(-1, self.in_features)  # (M, in)
+        native, onednn = self.native, self.onednn
+        if native is not None and (onednn is None or rows.shape[0] < onednn.min_rows):
+            result: torch.Tensor = native(rows)
+            return result.view(*x.shape[:-1], self.out_features)
         # Each row's largest magnitude (a zero row stays zero); dividing by it gives exactly
         # +-1 where it is reached and no magnitude above 1 elsewhere. abs().amax() is the
         # inf-norm, exactly, and 3-12x faster than linalg.vector_norm's reduction here (88
         # prefill rows of 4864: 47 against 588 us), which took 14 % of a prefill.
         scale = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)
         scaled = rows / scale
-        onednn = self.onednn
         if onednn is not None and rows.shape[0] >= onednn.min_rows:
             y = onednn(scaled)  # the same bits as fbgemm's below
+        elif self.packed is None:
+            raise RuntimeError("an int8 Linear without fbgemm's weights got a call its kernel does not take")
         else:
             # The overload itself: the op packet's call first looks for script objects in
             # the arguments in Python, about 1 % of a batch-1 decode step.
