@@ -19,9 +19,10 @@ rows    fbgemm  oneDNN
 
 (2 cores of an Intel Xeon with AMX, ``benchmarks/int8_kernels.py``.) So calls of
 :data:`MIN_ROWS` rows or more (batched decode steps, prefills) go to oneDNN, and a lone
-decode row stays on fbgemm. At 2 rows oneDNN is the slower, but the engine's decode
-traces serve every batch of 2 or more with one trace recorded at 2 rows. This costs a
-second copy of the int8 weights (341 MiB on the full model).
+decode row stays on fbgemm, or on our kernel where it runs (AMX CPUs have AVX-512 VNNI:
+:mod:`cosyserve.models.native_int8`). At 2 rows oneDNN is the slower, but the engine's
+decode traces serve every batch of 2 or more with one trace recorded at 2 rows. This
+costs a second copy of the int8 weights (341 MiB on the full model).
 
 The two give the same bits. The activations are quantized as fbgemm quantizes them on
 the range [-1, 1] that the row scaling sets (7 bits, ``reduce_range``: scale 2/127, zero

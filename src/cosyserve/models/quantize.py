@@ -11,7 +11,8 @@ CPU int8 has two implementations:
 - dynamic (``torch.ao.quantization.quantize_dynamic``): int8 weights per output channel,
   activations quantized per call, each input row on its own scale
   (:class:`Int8DynamicLinear`: a request's output does not depend on its batch);
-  fbgemm/oneDNN int8 GEMMs, the fastest at every batch size. torch marks
+  on CPUs with AVX-512 VNNI our own kernel (:mod:`cosyserve.models.native_int8`), else
+  fbgemm's int8 GEMM, with oneDNN's for calls of several rows on CPUs with AMX. torch marks
   ``torch.ao.quantization`` deprecated in favour of torchao, whose CPU int8 is only fast
   under ``torch.compile``; while it exists, it is used.
 - weight-only (:class:`Int8WeightOnlyLinear`, ``aten._weight_int8pack_mm``): int8 weights,
@@ -163,7 +164,8 @@ class Int8DynamicLinear(nn.Module):
     constant row holding -1 and 1 went with the rows to set the dynamic op's range to
     [-1, 1]: the same bits, for one more row per call (a lone row's 24 layers took 19.2
     against 16.7 ms, ``docs/benchmarks.md``, "oneDNN's int8 matmul"). This costs four
-    small ops per call (abs, max, clamp, divide) and the scaling back. The ao module's
+    small ops per call (abs, max, clamp, divide) and the scaling back, where our kernel
+    (:attr:`native`) does it all in one op, with the same bits. The ao module's
     ``forward`` is skipped: it reaches its packed weights through a submodule and re-checks
     their dtype on every call (6 % of a batch-1 step).
     """
