@@ -20,14 +20,9 @@ from cosyserve.models.onednn_int8 import INPUT_SCALE, INPUT_ZERO_POINT
 from cosyserve.models.precision import Precision
 from cosyserve.models.quantize import Int8DynamicLinear, ao_quantize_dynamic, int8_dynamic_, quantize_lm_
 from cosyserve.weights.randomize import randomize_
-from tests.models.test_quantize_fusion import int8_linear
+from tests.models.test_quantize_fusion import DYNAMIC_INT8, int8_linear, mixed_rows
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:.*deprecated.*"),
-    pytest.mark.skipif(
-        ao_quantize_dynamic() is None, reason="this torch has no torch.ao dynamic quantization"
-    ),
-]
+pytestmark = DYNAMIC_INT8
 
 # Odd widths: inputs not a multiple of 4, outputs not a multiple of 16.
 SMALL = LMConfig(
@@ -54,15 +49,6 @@ def packer() -> NativeInt8Packer:
     return packer
 
 
-def _rows(count: int, width: int, seed: int) -> torch.Tensor:
-    """Rows of magnitudes from 0.01 to 100, one of them zero."""
-    gen = torch.Generator().manual_seed(seed)
-    scales = 10.0 ** torch.linspace(-2, 2, count)
-    rows = torch.randn(count, width, generator=gen) * scales[:, None]
-    rows[count // 2] = 0
-    return rows
-
-
 @pytest.mark.parametrize(
     ("in_features", "out_features", "bias"),
     [
@@ -83,14 +69,14 @@ def test_every_row_count_gets_fbgemms_bits(
     assert int8.packed is not None
     counts = [1, 2, 3, 11, 12, 13, 24, 25, 100]
     with torch.inference_mode():
-        want = [int8(_rows(n, in_features, n)) for n in counts]
-        batch = _rows(6, in_features, 0).view(2, 3, in_features)  # any leading shape
+        want = [int8(mixed_rows(n, in_features, n)) for n in counts]
+        batch = mixed_rows(6, in_features, 0).view(2, 3, in_features)  # any leading shape
         want_batch = int8(batch)
         int8.native = packer.pack(int8.packed, int8.bias, int8)
         assert int8.native is not None
-        got = [int8(_rows(n, in_features, n)) for n in counts]
+        got = [int8(mixed_rows(n, in_features, n)) for n in counts]
         got_batch = int8(batch)
-        rows = _rows(7, in_features, 1)
+        rows = mixed_rows(7, in_features, 1)
         alone = torch.cat([int8(row[None]) for row in rows])
     for n, g, w in zip(counts, got, want, strict=True):
         assert torch.equal(g, w), f"{n} rows"
@@ -101,7 +87,7 @@ def test_every_row_count_gets_fbgemms_bits(
 def test_a_row_with_nan_gives_nan_and_leaves_its_neighbours(packer: NativeInt8Packer) -> None:
     int8 = int8_linear(64, 40, seed=0, std=0.05)
     assert int8.packed is not None
-    rows = _rows(3, 64, 0)
+    rows = mixed_rows(3, 64, 0)
     rows[1, 5] = float("nan")
     with torch.inference_mode():
         want = int8(rows)

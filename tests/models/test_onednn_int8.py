@@ -10,16 +10,11 @@ from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.models.onednn_int8 import MIN_OUTPUTS, MIN_ROWS, OneDnnPacker
 from cosyserve.models.precision import Precision
-from cosyserve.models.quantize import Int8DynamicLinear, ao_quantize_dynamic, quantize_lm_
+from cosyserve.models.quantize import Int8DynamicLinear, quantize_lm_
 from cosyserve.weights.randomize import randomize_
-from tests.models.test_quantize_fusion import int8_linear
+from tests.models.test_quantize_fusion import DYNAMIC_INT8, int8_linear, mixed_rows
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:.*deprecated.*"),
-    pytest.mark.skipif(
-        ao_quantize_dynamic() is None, reason="this torch has no torch.ao dynamic quantization"
-    ),
-]
+pytestmark = DYNAMIC_INT8
 
 # Wide enough that every Linear takes oneDNN from MIN_ROWS rows on (out features x 2 rows
 # >= MIN_OUTPUTS), with small vocabularies to stay fast.
@@ -47,29 +42,20 @@ def packer() -> OneDnnPacker:
     return packer
 
 
-def _rows(count: int, width: int, seed: int) -> torch.Tensor:
-    """Rows of magnitudes from 0.01 to 100, one of them zero."""
-    gen = torch.Generator().manual_seed(seed)
-    scales = 10.0 ** torch.linspace(-2, 2, count)
-    rows = torch.randn(count, width, generator=gen) * scales[:, None]
-    rows[count // 2] = 0
-    return rows
-
-
 @pytest.mark.parametrize(("in_features", "out_features"), [(256, 1024), (1024, 512), (64, 48)])
 def test_several_rows_give_fbgemms_bits(packer: OneDnnPacker, in_features: int, out_features: int) -> None:
     int8 = int8_linear(in_features, out_features, seed=out_features, std=0.05)
     with torch.inference_mode():
         counts = [1, 2, 3, 5, 8, 16, 21, 22, 23, 40, 100]
-        want = [int8(_rows(n, in_features, n)) for n in counts]
+        want = [int8(mixed_rows(n, in_features, n)) for n in counts]
         int8.onednn = packer.pack(int8.packed)
         # Small products (64 x 48) are left to fbgemm up to MIN_OUTPUTS outputs: oneDNN's
         # kernel for them scales its sums in another order.
         assert int8.onednn is not None or out_features * MIN_ROWS < MIN_OUTPUTS
         if int8.onednn is not None:
             assert int8.onednn.min_rows == max(MIN_ROWS, -(-MIN_OUTPUTS // out_features))
-        got = [int8(_rows(n, in_features, n)) for n in counts]
-        batch = _rows(6, in_features, 0).view(2, 3, in_features)  # any leading shape
+        got = [int8(mixed_rows(n, in_features, n)) for n in counts]
+        batch = mixed_rows(6, in_features, 0).view(2, 3, in_features)  # any leading shape
         int8.onednn = None
         want_batch = int8(batch)
         int8.onednn = packer.pack(int8.packed)

@@ -123,3 +123,21 @@ def int8_linear(in_features: int, out_features: int, seed: int, std: float) -> I
     quantized = quantize_dynamic(nn.Sequential(linear), {nn.Linear: qconfig})
     assert isinstance(quantized, nn.Sequential)
     return Int8DynamicLinear.from_ao(quantized[0])
+
+
+# The marks of a test of torch's dynamic int8 Linears (deprecated, and gone from some torch).
+DYNAMIC_INT8 = [
+    pytest.mark.filterwarnings("ignore:.*deprecated.*"),
+    pytest.mark.skipif(
+        ao_quantize_dynamic() is None, reason="this torch has no torch.ao dynamic quantization"
+    ),
+]
+
+
+def mixed_rows(count: int, width: int, seed: int) -> torch.Tensor:
+    """Rows of magnitudes from 0.01 to 100, one of them zero."""
+    gen = torch.Generator().manual_seed(seed)
+    scales = 10.0 ** torch.linspace(-2, 2, count)
+    rows = torch.randn(count, width, generator=gen) * scales[:, None]
+    rows[count // 2] = 0
+    return rows
