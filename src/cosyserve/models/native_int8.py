@@ -5,9 +5,10 @@ A batch-1 decode step reads the LM's 357 MB of int8 weights once: it is those re
 reads a weight for one row at 20-25 GB/s on 2 Zen 4 cores, where the same cores stream 44
 GB/s; its kernels are made for matrices, not for one row. The kernel here streams each
 weight once per call in VNNI order (16 output rows x 4 inputs per 64 bytes) with one
-multiply-add per 64 bytes. The LM's 97 int8 Linears took 8.6 against 17.7 ms for one row,
-8.3 against 17.4 ms for two, 15.7 against 22.8 for eight and 144 against 178 ms for 128
-(``docs/benchmarks.md``, "A GEMV of our own").
+multiply-add per 64 bytes. The LM's 97 int8 Linears took 13.2 against 17.2 ms for one
+row, 15.7 against 20.6 for eight and 134 against 185 ms for 128 rows, and a traced batch-1
+decode step 17.1 against 19.2 ms (``docs/benchmarks.md``, "Our int8 kernel": this VM's read
+speed moves, and at a quieter moment one row took 8.6 against 17.7 ms).
 
 It computes fbgemm's bits: each row scaled and quantized as :class:`Int8DynamicLinear`
 quantizes it, exact int32 sums, and the scaling back in fbgemm's and torch's order (the
@@ -26,6 +27,7 @@ import logging
 import os
 import platform
 import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -95,7 +97,7 @@ def load() -> bool:
             is_python_module=False,
             verbose=False,
         )
-    except (OSError, RuntimeError, ImportError, ValueError) as exc:
+    except (OSError, RuntimeError, ImportError, ValueError, subprocess.SubprocessError) as exc:
         logger.warning(
             "the int8 kernel could not be built (%s: %s); fbgemm runs the LM's int8 Linears. "
             "Install a C++ compiler (g++) to build it, or set %s=0 to skip it",
