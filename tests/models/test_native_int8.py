@@ -104,7 +104,7 @@ def test_a_shape_with_other_bits_stays_on_fbgemm(
     assert int8.packed is not None
     with caplog.at_level(logging.WARNING, logger="cosyserve.models.native_int8"):
         refused = NativeInt8Packer(INPUT_SCALE, INPUT_ZERO_POINT).pack(
-            int8.packed, int8.bias, lambda rows: int8(rows) + 1e-6
+            int8.packed, int8.bias, lambda rows: int8(rows) + 1.0
         )
     assert refused is None
     assert "stay on fbgemm" in caplog.text
@@ -201,7 +201,10 @@ def test_a_failed_build_leaves_fbgemm(
 ) -> None:
     from torch.utils import cpp_extension
 
-    def no_compiler(**_: object) -> None:
+    calls: list[dict[str, object]] = []
+
+    def no_compiler(**kwargs: object) -> None:
+        calls.append(kwargs)
         raise RuntimeError("Error building extension 'cosyserve_int8_rows'")
 
     monkeypatch.setattr(native_int8, "supported", lambda: True)
@@ -210,6 +213,9 @@ def test_a_failed_build_leaves_fbgemm(
         assert native_int8.load.__wrapped__() is False
     assert "could not be built (RuntimeError" in caplog.text
     assert native_int8.ENV_SWITCH in caplog.text
+    # Built in a directory of this installed source's own.
+    (call,) = calls
+    assert Path(str(call["build_directory"])).name.startswith("cosyserve_int8_rows-")
 
 
 def test_the_ninja_wheel_goes_on_path(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,11 +18,13 @@ its call took, and the fbgemm copy of a checked weight can go.
 
 The kernel is compiled with torch's C++ extension builder (``ninja`` and a C++ compiler,
 about 10 s once; the build is cached under ``TORCH_EXTENSIONS_DIR``, default
-``~/.cache/torch_extensions``). Where the CPU lacks the instructions, the build fails, or
-``COSYSERVE_NATIVE_INT8=0`` is set, fbgemm runs every call, as before.
+``~/.cache/torch_extensions``, in a directory per installed source file). Where the CPU
+lacks the instructions, the build fails, or ``COSYSERVE_NATIVE_INT8=0`` is set, fbgemm runs
+every call, as before.
 """
 
 import functools
+import hashlib
 import logging
 import os
 import platform
@@ -88,12 +90,18 @@ def load() -> bool:
 
     if shutil.which("ninja") is None:
         _put_ninja_on_path()
+    # A build directory per installed source file: two installs on one machine (a server's
+    # and a checkout's tests) would otherwise rebuild each other's library at every start.
+    where = hashlib.sha256(str(SOURCE).encode()).hexdigest()[:12]
+    build = Path(cpp_extension.get_default_build_root()) / f"cosyserve_int8_rows-{where}"
     try:
+        build.mkdir(parents=True, exist_ok=True)
         cpp_extension.load(
             name="cosyserve_int8_rows",
             sources=[str(SOURCE)],
             extra_cflags=list(_CFLAGS),
             extra_ldflags=["-fopenmp"],
+            build_directory=str(build),
             is_python_module=False,
             verbose=False,
         )
