@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from bench_args import model_parser  # benchmarks/ is on the path when run as a script
 from interleave import interleaved
+from traced_decode import prefilled_slots, undo_step
 
 from cosyserve.engine.decode_graphs import DecodeGraphs, TraceCapture
 from cosyserve.loader import LoadedModel, load_model
@@ -33,7 +34,6 @@ from cosyserve.models.native_int8 import ENV_SWITCH
 from cosyserve.models.quantize import Int8DynamicLinear
 from cosyserve.parallelism import call_on_own_thread, hand_over_threads
 
-PROMPTS = 8
 WARM_UP = 3
 
 
@@ -98,24 +98,18 @@ def _sweep(linears: list[Int8DynamicLinear], inputs: dict[int, torch.Tensor]) ->
 
 
 def _decoder(model: LoadedModel) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A traced decode step of ``model`` over ``PROMPTS`` prefilled slots (the same prompts
-    for every model), undone after it (the host's bookkeeping only: every round decodes the
-    same position)."""
+    """A traced decode step of ``model`` over the slots of ``traced_decode.prefilled_slots``
+    (the same prompts for every model), undone after it (the host's bookkeeping only: every
+    round decodes the same position)."""
     lm = model.lm
     cache = KVCache.for_config(lm.cfg.qwen, 16, 2048, model.precision.kv_cache_dtype)
     graphs = DecodeGraphs.for_engine(lm, cache, TraceCapture(lm), 16)
-    slots = []
-    prompts = torch.Generator().manual_seed(1)
-    for i in range(PROMPTS):
-        slots.append(cache.allocate())
-        ids = torch.randint(0, lm.cfg.speech_token_size, (100 + 7 * i,), generator=prompts)
-        lm.prefill(lm.speech_embedding(ids), slots[-1], cache)
+    slots = prefilled_slots(lm, cache, torch.Generator().manual_seed(1))
 
     def step(tokens: torch.Tensor) -> torch.Tensor:
         active = slots[: tokens.shape[0]]
         log_probs = graphs.decode(tokens, active)
-        for slot in active:
-            cache.truncate(slot, cache.length(slot) - 1)
+        undo_step(cache, active)
         return log_probs
 
     return step

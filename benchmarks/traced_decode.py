@@ -28,6 +28,7 @@ from interleave import interleaved
 from cosyserve.engine.decode_graphs import DecodeGraphs, TraceCapture
 from cosyserve.loader import LoadedModel, load_model
 from cosyserve.models.kv_cache import KVCache
+from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.parallelism import call_on_own_thread, hand_over_threads
 from cosyserve.server.watchdog import read_rss_bytes
 
@@ -66,11 +67,7 @@ def measure(model: LoadedModel, max_active: int, rounds: int) -> dict[str, Any]:
         "rss_after_capture_mib": read_rss_bytes() / 2**20,
     }
     gen = torch.Generator().manual_seed(0)
-    slots = []
-    for i in range(PROMPTS):
-        slots.append(cache.allocate())
-        ids = torch.randint(0, lm.cfg.speech_token_size, (100 + 7 * i,), generator=gen)
-        lm.prefill(lm.speech_embedding(ids), slots[-1], cache)
+    slots = prefilled_slots(lm, cache, gen)
     for batch in (1, PROMPTS):
         active = slots[:batch]
         tokens = torch.randint(0, lm.cfg.speech_token_size, (batch,), generator=gen)
@@ -78,7 +75,7 @@ def measure(model: LoadedModel, max_active: int, rounds: int) -> dict[str, Any]:
             "eager": partial(lm.decode, tokens, active, cache),
             "traced": partial(graphs.decode, tokens, active),
         }
-        medians, outputs = interleaved(steps, partial(_undo_step, cache, active), rounds, WARM_UP)
+        medians, outputs = interleaved(steps, partial(undo_step, cache, active), rounds, WARM_UP)
         report[f"batch_{batch}"] = {
             **{f"{name}_ms": ms for name, ms in medians.items()},
             "max_log_prob_difference": (outputs["eager"] - outputs["traced"]).abs().max().item(),
@@ -87,7 +84,18 @@ def measure(model: LoadedModel, max_active: int, rounds: int) -> dict[str, Any]:
     return report
 
 
-def _undo_step(cache: KVCache, slots: list[int]) -> None:
+def prefilled_slots(lm: CosyVoice2LM, cache: KVCache, gen: torch.Generator) -> list[int]:
+    """``PROMPTS`` new slots of ``cache``, prefilled with random speech tokens from ``gen``:
+    100, 107, ... 149 positions."""
+    slots = []
+    for i in range(PROMPTS):
+        slots.append(cache.allocate())
+        ids = torch.randint(0, lm.cfg.speech_token_size, (100 + 7 * i,), generator=gen)
+        lm.prefill(lm.speech_embedding(ids), slots[-1], cache)
+    return slots
+
+
+def undo_step(cache: KVCache, slots: list[int]) -> None:
     """Drop the position a decode step added to ``slots``: every round decodes the same one."""
     for slot in slots:
         cache.truncate(slot, cache.length(slot) - 1)
