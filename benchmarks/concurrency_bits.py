@@ -21,7 +21,7 @@ import numpy as np
 from bench_args import model_parser  # benchmarks/ is on the path when run as a script
 
 from cosyserve.bench.engine_runs import Results, make_engine, mixed_specs, run_alone, run_together
-from cosyserve.loader import load_model
+from cosyserve.engine.loader import load_model
 
 
 def main() -> None:

@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from cosyserve.loader import load_model
+from cosyserve.accel.quantize import ao_quantize_dynamic
+from cosyserve.engine.loader import load_model
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM
-from cosyserve.models.quantize import ao_quantize_dynamic
 from cosyserve.parallelism import call_on_own_thread, hand_over_threads
 
 STEPS = 40

@@ -23,7 +23,7 @@ from typing import Any
 from precision_quality import parse_setting  # benchmarks/ is on the path when run as a script
 
 from cosyserve.bench.engine_bench import BenchOptions, run_engine_bench
-from cosyserve.loader import load_model
+from cosyserve.engine.loader import load_model
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.engine import Engine
-from cosyserve.loader import LoadedModel, engine_config_for, load_model
+from cosyserve.engine.loader import LoadedModel, engine_config_for, load_model
 from cosyserve.parallelism import hand_over_threads, pin_torch_threads
 
 

@@ -21,7 +21,7 @@ import torch
 from bench_args import add_workload_args, model_parser  # benchmarks/ is on the path when run as a script
 from interleave import interleaved
 
-from cosyserve.loader import load_model
+from cosyserve.engine.loader import load_model
 from cosyserve.models.flow import Flow
 from cosyserve.models.flow.rows import FlowRow, infer_rows
 from cosyserve.models.flow.step_graph import CudaStepCapture

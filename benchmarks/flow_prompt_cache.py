@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 from flow_streaming import load_flow  # benchmarks/ is on the path when run as a script
 
+from cosyserve.engine.chunking import ChunkSchedule
 from cosyserve.modeldir.presets import PRESETS
 from cosyserve.models.flow.flow import Flow
 from cosyserve.models.flow.stream_cache import FlowStreamCache
-from cosyserve.pipeline.chunking import ChunkSchedule
 
 
 def timed(call: Callable[[], object]) -> tuple[float, float]:

@@ -33,12 +33,12 @@ from pathlib import Path
 
 import torch
 
+from cosyserve.engine.chunking import Chunk, ChunkSchedule
 from cosyserve.memory import retain_freed_memory
 from cosyserve.modeldir.layout import ModelDir
 from cosyserve.modeldir.presets import PRESETS
 from cosyserve.models.flow.flow import Flow, flow_checkpoint_table
 from cosyserve.models.flow.stream_cache import FlowStreamCache
-from cosyserve.pipeline.chunking import Chunk, ChunkSchedule
 from cosyserve.weights.checkpoint import load_checkpoint
 from cosyserve.weights.randomize import randomize_
 

@@ -40,11 +40,11 @@ from typing import Any
 import torch
 from flow_streaming import load_flow  # benchmarks/ is on the path when run as a script
 
+from cosyserve.accel.quantize import fp16_weights_
+from cosyserve.engine.chunking import ChunkSchedule
 from cosyserve.models.flow import blocks
 from cosyserve.models.flow.flow import Flow
 from cosyserve.models.packed_linear import pack_linears_
-from cosyserve.models.quantize import fp16_weights_
-from cosyserve.pipeline.chunking import ChunkSchedule
 
 
 def timed(call: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float, float]:

@@ -17,7 +17,7 @@ shift
 steps=" ${*:-env tests init flow-graphs bf16 bf16-stream bf16-stream-exact fp16-int4-stream precision} "
 mkdir -p "$out"
 model=${GPU_CHECK_MODEL_DIR:-/tmp/cosyserve-full}
-cosyserve=(python3 -c 'import sys; from cosyserve.cli import main; sys.argv[0] = "cosyserve"; main()')
+cosyserve=(python3 -c 'import sys; from cosyserve.cli.main import main; sys.argv[0] = "cosyserve"; main()')
 step() {  # step NAME SECONDS COMMAND...: run it under a limit, its output to OUT_DIR/NAME.txt
     local name=$1 limit=$2
     shift 2

@@ -1,4 +1,4 @@
-"""The int8 LM's decoder Linears on fbgemm against oneDNN (``cosyserve.models.onednn_int8``),
+"""The int8 LM's decoder Linears on fbgemm against oneDNN (``cosyserve.accel.onednn_int8``),
 by rows per call, on a full-size model.
 
     python benchmarks/int8_kernels.py --model-dir /tmp/cv2-full-bench [--dtype bf16]
@@ -26,10 +26,10 @@ import torch
 from bench_args import model_parser  # benchmarks/ is on the path when run as a script
 from interleave import interleaved
 
-from cosyserve.loader import LoadedModel, load_model
-from cosyserve.models.native_int8 import ENV_SWITCH
-from cosyserve.models.onednn_int8 import INPUT_SCALE, INPUT_ZERO_POINT, OneDnnInt8Weight
-from cosyserve.models.quantize import Int8DynamicLinear
+from cosyserve.accel.native_int8 import ENV_SWITCH
+from cosyserve.accel.onednn_int8 import INPUT_SCALE, INPUT_ZERO_POINT, OneDnnInt8Weight
+from cosyserve.accel.quantize import Int8DynamicLinear
+from cosyserve.engine.loader import LoadedModel, load_model
 from cosyserve.parallelism import call_on_own_thread, hand_over_threads
 
 

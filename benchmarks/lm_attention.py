@@ -33,7 +33,7 @@ from interleave import interleaved
 
 import cosyserve.models.qwen2 as qwen2
 from cosyserve.engine.decode_graphs import DecodeGraphs, TraceCapture
-from cosyserve.loader import load_model
+from cosyserve.engine.loader import load_model
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM
 

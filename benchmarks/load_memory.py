@@ -27,7 +27,7 @@ from typing import Any
 _CHILD = """
 import json, resource, sys, time
 import torch
-from cosyserve.loader import load_model
+from cosyserve.engine.loader import load_model
 
 model_dir, dtype, quantize, lookups = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 start = time.perf_counter()

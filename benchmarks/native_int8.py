@@ -1,4 +1,4 @@
-"""The int8 LM on our kernel (``cosyserve.models.native_int8``) against fbgemm, on a full-size
+"""The int8 LM on our kernel (``cosyserve.accel.native_int8``) against fbgemm, on a full-size
 model: its 97 int8 Linears by rows per call, and whole traced decode steps.
 
     python benchmarks/native_int8.py --model-dir /tmp/cv2-full-bench [--dtype bf16]
@@ -26,12 +26,12 @@ from bench_args import model_parser  # benchmarks/ is on the path when run as a 
 from interleave import interleaved
 from traced_decode import prefilled_slots, undo_step
 
+from cosyserve.accel.native_int8 import ENV_SWITCH
+from cosyserve.accel.quantize import Int8DynamicLinear
 from cosyserve.engine.decode_graphs import DecodeGraphs, TraceCapture
-from cosyserve.loader import LoadedModel, load_model
+from cosyserve.engine.loader import LoadedModel, load_model
 from cosyserve.memory import retain_freed_memory
 from cosyserve.models.kv_cache import KVCache
-from cosyserve.models.native_int8 import ENV_SWITCH
-from cosyserve.models.quantize import Int8DynamicLinear
 from cosyserve.parallelism import call_on_own_thread, hand_over_threads
 
 WARM_UP = 3

@@ -43,11 +43,11 @@ from bench_args import add_workload_args, model_parser  # benchmarks/ is on the 
 from roofline import flop_counts, measure_peaks
 from torch.profiler import ProfilerActivity, profile
 
-from cosyserve.loader import LoadedModel, load_model
+from cosyserve.engine.chunking import ChunkSchedule
+from cosyserve.engine.loader import LoadedModel, load_model
 from cosyserve.memory import retain_freed_memory
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.parallelism import call_on_own_thread, hand_over_threads
-from cosyserve.pipeline.chunking import ChunkSchedule
 
 _INT8_LINEARS = ("linear_dynamic", "_weight_int8pack_mm", "qlinear_pointwise")
 # Op kinds by the op's name without its namespace, first match wins: (kind, test).

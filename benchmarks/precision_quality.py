@@ -51,7 +51,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from cosyserve.loader import LoadedModel, load_model
+from cosyserve.engine.loader import LoadedModel, load_model
 from cosyserve.models.hift.generator import HiFTGenerator
 from cosyserve.models.kv_cache import KVCache
 

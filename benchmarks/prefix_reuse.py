@@ -24,8 +24,8 @@ from pathlib import Path
 
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.engine import Engine
+from cosyserve.engine.loader import LoadedModel, engine_config_for, load_model
 from cosyserve.engine.request import GenerationSpec
-from cosyserve.loader import LoadedModel, engine_config_for, load_model
 
 
 def prefill(engine: Engine, spec: GenerationSpec) -> tuple[float, int]:

@@ -37,7 +37,7 @@ from bench_args import add_workload_args  # benchmarks/ is on the path when run 
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode, register_flop_formula
 
-from cosyserve.loader import LoadedModel, load_model
+from cosyserve.engine.loader import LoadedModel, load_model
 
 SEED = 1234
 FLOPS_PER_CYCLE = {"fp32": 32, "bf16": 64}  # per core, Zen 4 AVX-512 (512-bit FMA in 2 halves)

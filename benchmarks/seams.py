@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from cosyserve.engine.config import FLOW_CACHE_MODES, FlowCacheMode
-from cosyserve.loader import LoadedModel, engine_config_for, load_model
-from cosyserve.modeldir.generate import init_model_dir
+from cosyserve.engine.loader import LoadedModel, engine_config_for, load_model
+from cosyserve.models.generate import init_model_dir
 from cosyserve.models.hift.generator import HiFTGenerator
 from cosyserve.models.hift.source import Excitation
 from cosyserve.models.hift.stream import HiFTStreamState, StreamOptions, vocode_chunk

@@ -26,11 +26,11 @@ from bench_args import model_parser  # benchmarks/ is on the path when run as a 
 from interleave import interleaved
 
 from cosyserve.engine.decode_graphs import DecodeGraphs, TraceCapture
-from cosyserve.loader import LoadedModel, load_model
+from cosyserve.engine.loader import LoadedModel, load_model
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.parallelism import call_on_own_thread, hand_over_threads
-from cosyserve.server.watchdog import read_rss_bytes
+from cosyserve.server.observability.watchdog import read_rss_bytes
 
 MAX_LEN = 2048
 PROMPTS = 8

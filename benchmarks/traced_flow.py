@@ -28,12 +28,12 @@ import torch
 from bench_args import add_workload_args, model_parser  # benchmarks/ is on the path when run as a script
 from interleave import interleaved
 
-from cosyserve.loader import LoadedModel, load_model
+from cosyserve.engine.chunking import ChunkSchedule
+from cosyserve.engine.loader import LoadedModel, load_model
 from cosyserve.models.flow import Flow
 from cosyserve.models.flow.stream_cache import FlowStreamCache
 from cosyserve.parallelism import call_on_own_thread, hand_over_threads
-from cosyserve.pipeline.chunking import ChunkSchedule
-from cosyserve.server.watchdog import read_rss_bytes
+from cosyserve.server.observability.watchdog import read_rss_bytes
 
 
 def main() -> None:

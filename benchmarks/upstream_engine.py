@@ -69,10 +69,10 @@ if str(REPO) not in sys.path:  # tests/ (the upstream stand-ins) is not an insta
 
 from turns import Turns, take_turns  # noqa: E402
 
+from cosyserve.accel.precision_choices import Dtype, FlowQuantization, Quantization  # noqa: E402
 from cosyserve.bench.engine_bench import peak_rss_mb, reset_peak_rss  # noqa: E402
 from cosyserve.bench.workload import synthetic_text_ids, synthetic_voice  # noqa: E402
 from cosyserve.modeldir.layout import ModelDir  # noqa: E402
-from cosyserve.models.precision_choices import Dtype, FlowQuantization, Quantization  # noqa: E402
 from cosyserve.pipeline.voice import VoicePrompt  # noqa: E402
 
 WARM_UP_TOKENS = 10
@@ -235,7 +235,7 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     from cosyserve.bench.workload import synthetic_spec
     from cosyserve.engine.async_engine import AsyncEngine
     from cosyserve.engine.engine import Engine
-    from cosyserve.loader import engine_config_for, load_model
+    from cosyserve.engine.loader import engine_config_for, load_model
     from cosyserve.parallelism import hand_over_threads
 
     turns = Turns(args.take_turns)

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosyserve.modeldir.generate import init_model_dir
 from cosyserve.modeldir.presets import TINY
+from cosyserve.models.generate import init_model_dir
 from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.weights.randomize import randomize_
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cosyserve.models import native_int8
+from cosyserve.accel import native_int8
 from cosyserve.models.packed_linear import PackedLinear, packing_available
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"

@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 import pytest
 import torch
 
-import cosyserve.loader
-from cosyserve.loader import LoadedModel, load_model
+import cosyserve.engine.loader
+from cosyserve.engine.loader import LoadedModel, load_model
 from cosyserve.parallelism import call_on_own_thread, hand_over_threads, pin_torch_threads
 
 T = TypeVar("T")
@@ -104,13 +104,13 @@ def test_load_model_loads_on_a_thread_that_ends(
     monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path
 ) -> None:
     seen: list[tuple[str, int]] = []
-    real = cosyserve.loader._load_model
+    real = cosyserve.engine.loader._load_model
 
     def spy(*args: Any) -> LoadedModel:
         seen.append((threading.current_thread().name, torch.get_num_threads()))
         return real(*args)
 
-    monkeypatch.setattr(cosyserve.loader, "_load_model", spy)
+    monkeypatch.setattr(cosyserve.engine.loader, "_load_model", spy)
     model = load_model(tiny_model_dir, threads=3)
     assert seen == [("cosyserve-load", 3)]
     assert model.hparams.sample_rate == 24000

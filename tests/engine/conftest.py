@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosyserve.loader import LoadedModel, load_model
+from cosyserve.engine.loader import LoadedModel, load_model
 
 
 @pytest.fixture(scope="session")

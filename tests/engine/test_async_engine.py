@@ -10,8 +10,8 @@ import torch
 from cosyserve.bench.engine_runs import make_engine, mixed_specs
 from cosyserve.engine import async_engine as async_engine_module
 from cosyserve.engine.async_engine import AsyncEngine
+from cosyserve.engine.loader import LoadedModel
 from cosyserve.engine.request import StepOutput
-from cosyserve.loader import LoadedModel
 from cosyserve.memory import pretouch
 
 

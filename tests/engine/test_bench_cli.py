@@ -5,8 +5,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from cosyserve.cli import app
-from cosyserve.cli_bench import FlowCache
+from cosyserve.cli.bench import FlowCache
+from cosyserve.cli.main import app
 from cosyserve.engine.config import FLOW_CACHE_MODES
 
 

@@ -25,9 +25,9 @@ from cosyserve.bench.engine_runs import (
 )
 from cosyserve.engine.async_engine import AsyncEngine, EngineDeadError
 from cosyserve.engine.engine import Engine
+from cosyserve.engine.loader import LoadedModel, load_model
 from cosyserve.engine.request import GenerationSpec, Request
 from cosyserve.engine.scheduler import OverloadedError
-from cosyserve.loader import LoadedModel, load_model
 from tests.engine.helpers import assert_same
 
 

@@ -26,7 +26,7 @@ from cosyserve.engine.decode_graphs import (
     buckets,
 )
 from cosyserve.engine.engine import Engine
-from cosyserve.loader import LoadedModel
+from cosyserve.engine.loader import LoadedModel
 from cosyserve.modeldir.presets import TINY
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM

@@ -9,8 +9,8 @@ from cosyserve.bench.engine_runs import run_together
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.config import EngineConfig, FlowCacheMode
 from cosyserve.engine.engine import Engine
+from cosyserve.engine.loader import LoadedModel
 from cosyserve.engine.request import GenerationSpec
-from cosyserve.loader import LoadedModel
 from cosyserve.models.flow.stream_cache import FlowStreamCache
 from tests.engine.helpers import assert_same
 

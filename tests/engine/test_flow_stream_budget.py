@@ -10,8 +10,8 @@ from cosyserve.bench.engine_runs import RequestResult, collect, drain, run_toget
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.config import EngineConfig, FlowCacheMode
 from cosyserve.engine.engine import Engine
+from cosyserve.engine.loader import LoadedModel
 from cosyserve.engine.request import GenerationSpec
-from cosyserve.loader import LoadedModel
 from tests.engine.helpers import assert_same
 
 TOKENS = 60

@@ -9,8 +9,8 @@ import torch
 from cosyserve.bench.engine_runs import make_engine
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.engine import Engine
+from cosyserve.engine.loader import LoadedModel
 from cosyserve.engine.request import GenerationSpec, Request, SegmentState, StepOutput
-from cosyserve.loader import LoadedModel
 
 WARM_UP, TOTAL, IN_FLIGHT, VOICES = 50, 200, 8, 12
 # Measured on the tiny model: after the warm-up, RSS still rises by about 2-6 MB per 150

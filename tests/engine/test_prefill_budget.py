@@ -2,8 +2,8 @@
 
 from cosyserve.bench.engine_runs import RequestResult, collect, drain, make_engine, run_alone
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
+from cosyserve.engine.loader import LoadedModel
 from cosyserve.engine.request import Phase
-from cosyserve.loader import LoadedModel
 
 
 def test_long_prefill_runs_in_chunks_while_others_decode(tiny_model: LoadedModel) -> None:

@@ -7,8 +7,8 @@ import torch
 
 from cosyserve.bench.engine_runs import make_engine, run_together, voices
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids
+from cosyserve.engine.loader import LoadedModel
 from cosyserve.engine.request import GenerationSpec
-from cosyserve.loader import LoadedModel
 from cosyserve.modeldir.presets import TINY
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.prefix_cache import PrefixCache, lm_input_ids

@@ -10,9 +10,9 @@ from cosyserve.bench.engine_runs import RequestResult, drain, make_engine, run_a
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids
 from cosyserve.engine.config import FlowCacheMode
 from cosyserve.engine.engine import Engine
+from cosyserve.engine.loader import LoadedModel
 from cosyserve.engine.request import GenerationSpec
 from cosyserve.engine.token2wav import ChunkWork
-from cosyserve.loader import LoadedModel
 from cosyserve.models.flow.stream_cache import FlowStreamCache
 from tests.engine.helpers import assert_same
 

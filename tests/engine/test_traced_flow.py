@@ -9,7 +9,7 @@ import torch
 
 from cosyserve.engine.config import EngineConfig
 from cosyserve.engine.engine import Engine
-from cosyserve.loader import LoadedModel
+from cosyserve.engine.loader import LoadedModel
 from cosyserve.modeldir.presets import TINY
 from cosyserve.models.flow import Flow
 from cosyserve.weights.randomize import randomize_

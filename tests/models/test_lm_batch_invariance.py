@@ -12,12 +12,12 @@ import dataclasses
 import pytest
 import torch
 
+from cosyserve.accel.precision import Precision
+from cosyserve.accel.quantize import quantize_lm_
 from cosyserve.engine.decode_graphs import DecodeGraphs, EagerCapture
 from cosyserve.modeldir.presets import TINY
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM
-from cosyserve.models.precision import Precision
-from cosyserve.models.quantize import quantize_lm_
 
 HIDDEN = 896
 QWEN = dataclasses.replace(

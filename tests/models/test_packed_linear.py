@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cosyserve import loader
-from cosyserve.loader import load_model
+from cosyserve.engine import loader
+from cosyserve.engine.loader import load_model
 from cosyserve.models import packed_linear
 from cosyserve.models.flow.flow import Flow
 from cosyserve.models.packed_linear import PackedLinear, pack_linears_, packing_available

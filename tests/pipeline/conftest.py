@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosyserve.loader import LoadedModel, load_model
+from cosyserve.engine.loader import LoadedModel, load_model
 from cosyserve.pipeline.synthesizer import Synthesizer
 from cosyserve.pipeline.voice import VoicePrompt
 from tests.pipeline.prompts import PROMPT_TEXT, PROMPT_TOKENS, prompt_wav

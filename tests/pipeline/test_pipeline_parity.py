@@ -18,8 +18,8 @@ import torch
 
 from cosyserve.engine import token2wav
 from cosyserve.engine.config import EngineConfig, FlowCacheMode
+from cosyserve.engine.loader import LoadedModel
 from cosyserve.engine.request import generators_for
-from cosyserve.loader import LoadedModel
 from cosyserve.models.flow.rows import FlowRow, infer_rows
 from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
 from cosyserve.pipeline.synthesizer import Synthesizer

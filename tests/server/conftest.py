@@ -53,7 +53,7 @@ class ServerProcess:
 
 def serve_command(*args: str) -> list[str]:
     """``cosyserve serve ARGS`` with this interpreter (the console script may be absent)."""
-    return [sys.executable, "-c", "from cosyserve.cli import main; main()", "serve", *args]
+    return [sys.executable, "-c", "from cosyserve.cli.main import main; main()", "serve", *args]
 
 
 def isolated_env(tmp: Path) -> dict[str, str]:

@@ -11,7 +11,7 @@ from cosyserve.bench.engine_runs import RequestResult, drain, make_engine, voice
 from cosyserve.bench.workload import synthetic_spec
 from cosyserve.engine.async_engine import AsyncEngine, EngineDeadError
 from cosyserve.engine.engine import DeviceOutOfMemoryError, Engine
-from cosyserve.loader import LoadedModel, load_model
+from cosyserve.engine.loader import LoadedModel, load_model
 from cosyserve.server.error_map import map_error
 
 

@@ -27,7 +27,7 @@ from cosyserve.audio import content_type, to_pcm16
 from cosyserve.engine.async_engine import AsyncEngine
 from cosyserve.engine.config import EngineConfig
 from cosyserve.engine.engine import Engine
-from cosyserve.loader import LoadedModel, load_model
+from cosyserve.engine.loader import LoadedModel, load_model
 from cosyserve.pipeline.request import SynthesisOptions
 from cosyserve.server.grpc import GrpcConfig, start_grpc_server
 from cosyserve.server.grpc.protos import (

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cosyserve.bench.server_load import LoadOptions, run_server_load, wav_seconds
-from cosyserve.cli import app
+from cosyserve.cli.main import app
 from tests.server.conftest import ServerProcess
 from tests.server.http_audio import BUILTIN, SAMPLE_RATE
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from cosyserve.logging_setup import JsonFormatter, RequestIdFilter, TextFormatter, request_scope
-from cosyserve.server.request_context import new_request_id
+from cosyserve.server.http.request_context import new_request_id
 from tests.server.conftest import ServerProcess, running_server
 
 VOICE = "英文男"

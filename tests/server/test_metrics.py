@@ -3,7 +3,7 @@
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from cosyserve.server.metrics import ServerMetrics
+from cosyserve.server.observability.metrics import ServerMetrics
 from tests.server.conftest import ServerProcess
 
 VOICE = "英文男"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cosyserve.server.runtime import Phase, ServerRuntime
-from cosyserve.settings import Settings
+from cosyserve.server.settings import Settings
 
 
 def test_bf16_setting_loads_a_bf16_model_with_a_bf16_kv_cache(

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from cosyserve.cli import app
+from cosyserve.cli.main import app
 from cosyserve.server.grpc.protos import cosyserve_v1_pb2, cosyserve_v1_pb2_grpc
 from tests.server.conftest import (
     ServerProcess,

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from cosyserve.models.precision_choices import Dtype, FlowQuantization, Quantization
-from cosyserve.settings import Settings, SettingsError
+from cosyserve.accel.precision_choices import Dtype, FlowQuantization, Quantization
+from cosyserve.server.settings import Settings, SettingsError
 
 
 @pytest.fixture(autouse=True)

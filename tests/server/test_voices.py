@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 from fastapi.testclient import TestClient
 
-from cosyserve.server.app import create_app
-from cosyserve.settings import Settings
+from cosyserve.server.http.app import create_app
+from cosyserve.server.settings import Settings
 from tests.server.conftest import ServerProcess
 from tests.server.http_audio import BUILTIN, PROMPT_TEXT, assert_speechlike_pcm, prompt_wav
 

@@ -4,8 +4,13 @@ import logging
 
 import pytest
 
-from cosyserve.server.metrics import ServerMetrics
-from cosyserve.server.watchdog import MemorySample, MemoryWatchdog, WatchdogConfig, read_rss_bytes
+from cosyserve.server.observability.metrics import ServerMetrics
+from cosyserve.server.observability.watchdog import (
+    MemorySample,
+    MemoryWatchdog,
+    WatchdogConfig,
+    read_rss_bytes,
+)
 
 MIB = 1024 * 1024
 
@@ -30,7 +35,7 @@ def _growth(metrics: ServerMetrics) -> float:
 
 def test_sustained_growth_is_exported_and_warned_once(caplog: pytest.LogCaptureFixture) -> None:
     watchdog, metrics = _watchdog([500, 560, 620, 680, 690, 700])
-    with caplog.at_level(logging.WARNING, "cosyserve.server.watchdog"):
+    with caplog.at_level(logging.WARNING, "cosyserve.server.observability.watchdog"):
         for _ in range(6):
             watchdog.tick()
     warnings = [r.getMessage() for r in caplog.records]
@@ -44,7 +49,7 @@ def test_sustained_growth_is_exported_and_warned_once(caplog: pytest.LogCaptureF
 
 def test_a_spike_that_comes_back_down_is_not_a_trend(caplog: pytest.LogCaptureFixture) -> None:
     watchdog, _ = _watchdog([500, 900, 510, 640])
-    with caplog.at_level(logging.WARNING, "cosyserve.server.watchdog"):
+    with caplog.at_level(logging.WARNING, "cosyserve.server.observability.watchdog"):
         for _ in range(4):
             watchdog.tick()
     assert not caplog.records

@@ -22,7 +22,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from cosyserve.engine.async_engine import AudioChunk
 from cosyserve.errors import InvalidRequestError
-from cosyserve.server import routes_ws
+from cosyserve.server.http.routes import ws as routes_ws
 from cosyserve.server.service import SpeechParams
 from tests.server.conftest import ServerProcess
 from tests.server.http_audio import BUILTIN, SAMPLE_RATE, assert_same_pcm, pcm_samples

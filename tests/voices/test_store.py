@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from cosyserve.errors import InvalidRequestError
-from cosyserve.pipeline.voice import VoicePrompt
-from cosyserve.server.service import VoiceExistsError
+from cosyserve.pipeline.voice import VoiceExistsError, VoicePrompt
 from cosyserve.voices import FEATURE_VERSION, VoiceStore, VoiceStoreError
 
 

@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from cosyserve.accel.precision import Precision
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.async_engine import AsyncEngine
 from cosyserve.engine.config import FlowCacheMode
 from cosyserve.engine.engine import Engine
+from cosyserve.engine.loader import LoadedModel, engine_config_for
 from cosyserve.engine.request import GenerationSpec
 from cosyserve.errors import InvalidRequestError
-from cosyserve.loader import LoadedModel, engine_config_for
-from cosyserve.models.precision import Precision
 from cosyserve.parallelism import hand_over_threads
 from cosyserve.pipeline.voice import VoicePrompt
 

@@ -10,9 +10,9 @@ import numpy as np
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.config import EngineConfig
 from cosyserve.engine.engine import Engine
+from cosyserve.engine.loader import LoadedModel
 from cosyserve.engine.request import GenerationSpec, StepOutput
 from cosyserve.errors import CosyserveError
-from cosyserve.loader import LoadedModel
 from cosyserve.pipeline.voice import VoicePrompt
 
 

@@ -40,9 +40,9 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from cosyserve.accel.quantize import Int8DynamicLinear
 from cosyserve.models.kv_cache import KVCache, causal_mask
 from cosyserve.models.lm import CosyVoice2LM
-from cosyserve.models.quantize import Int8DynamicLinear
 from cosyserve.models.span_attention import KEY_BLOCK, padded_span
 from cosyserve.models.torchscript import replay, trace_frozen
 

@@ -11,6 +11,7 @@ from functools import partial
 import numpy as np
 import torch
 
+from cosyserve.engine.chunking import ChunkSchedule
 from cosyserve.engine.config import EngineConfig
 from cosyserve.engine.decode_graphs import Capture, CudaGraphCapture, DecodeGraphs, TraceCapture
 from cosyserve.engine.lm_runner import LMRunner, NumericalError
@@ -36,7 +37,6 @@ from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.models.prefix_cache import PrefixCache
 from cosyserve.models.sampling import LengthLimits
 from cosyserve.parallelism import call_on_own_thread
-from cosyserve.pipeline.chunking import ChunkSchedule
 
 logger = logging.getLogger(__name__)
 

@@ -11,11 +11,11 @@ from enum import Enum, auto
 import numpy as np
 import torch
 
+from cosyserve.engine.chunking import ChunkSchedule
 from cosyserve.errors import CosyserveError
 from cosyserve.models.flow.stream_cache import FlowStreamCache
 from cosyserve.models.hift.stream import HiFTStreamState
 from cosyserve.models.sampling import LengthLimits
-from cosyserve.pipeline.chunking import ChunkSchedule
 
 
 @dataclass(frozen=True, eq=False)

@@ -3,10 +3,10 @@ which token2wav chunks run."""
 
 from collections import deque
 
+from cosyserve.engine.chunking import Chunk
 from cosyserve.engine.config import EngineConfig
 from cosyserve.engine.request import Phase, Request, SegmentState
 from cosyserve.errors import CosyserveError
-from cosyserve.pipeline.chunking import Chunk
 
 _NEEDS_SLOT = frozenset({Phase.WAITING, Phase.PREFILL, Phase.DECODE})
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from cosyserve.engine.chunking import Chunk
 from cosyserve.engine.config import FLOW_CACHE_MODES, FlowCacheMode
 from cosyserve.engine.request import Request, SegmentState
 from cosyserve.engine.stats import EngineStats
@@ -21,7 +22,6 @@ from cosyserve.models.flow.stream_cache import FlowStreamCache
 from cosyserve.models.hift.generator import HiFTGenerator
 from cosyserve.models.hift.source import Excitation
 from cosyserve.models.hift.stream import StreamOptions
-from cosyserve.pipeline.chunking import Chunk
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from cosyserve.errors import ModelDirError
+from cosyserve.frontend.text_tokenizer import MERGES_FILE, TOKENIZER_CONFIG_FILE, VOCAB_FILE, TextTokenizer
 from cosyserve.modeldir.hparams import ModelHParams, hparams_from_yaml, qwen2_config_from_json
-from cosyserve.text_tokenizer import MERGES_FILE, TOKENIZER_CONFIG_FILE, VOCAB_FILE, TextTokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -17,13 +17,13 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, pre_tokenizers, trainers
 from tokenizers.models import BPE
 
-from cosyserve.modeldir.hparams import Qwen2Config
-from cosyserve.text_tokenizer import (
+from cosyserve.frontend.text_tokenizer import (
     MERGES_FILE,
     TOKENIZER_CONFIG_FILE,
     VOCAB_FILE,
     configure_qwen2_pipeline,
 )
+from cosyserve.modeldir.hparams import Qwen2Config
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"

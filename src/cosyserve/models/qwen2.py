@@ -82,7 +82,7 @@ class Attention(nn.Module):
     def fuse_projections_(self) -> None:
         """Replace ``q_proj``, ``k_proj`` and ``v_proj`` by ``qkv_proj``, their rows stacked:
         one GEMM per call instead of three (int8 dynamic quantization does this first, so
-        each call also quantizes its input once; see :mod:`cosyserve.models.quantize`)."""
+        each call also quantizes its input once; see :mod:`cosyserve.accel.quantize`)."""
         self.qkv_proj = stacked_linear(self.q_proj, self.k_proj, self.v_proj)
         del self.q_proj, self.k_proj, self.v_proj
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
+from cosyserve.engine.loader import LoadedModel
 from cosyserve.engine.request import GenerationSpec, Segment
 from cosyserve.errors import InvalidRequestError
 from cosyserve.frontend.audio import AudioSource, PromptAudioLimits, load_prompt_audio
 from cosyserve.frontend.text_normalizer import TextNormalizer
-from cosyserve.loader import LoadedModel
 from cosyserve.pipeline.request import Mode, SynthesisRequest
 from cosyserve.pipeline.voice import VoicePrompt
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
+from cosyserve.accel.precision import Dtype, FlowQuantization, Quantization
 from cosyserve.engine.config import EngineConfig
 from cosyserve.engine.engine import Engine
+from cosyserve.engine.loader import LoadedModel, engine_config_for, load_model
 from cosyserve.errors import InvalidRequestError
 from cosyserve.frontend.audio import AudioSource
-from cosyserve.loader import LoadedModel, engine_config_for, load_model
-from cosyserve.models.precision import Dtype, FlowQuantization, Quantization
 from cosyserve.pipeline.frontend import Frontend
 from cosyserve.pipeline.request import SynthesisRequest
 from cosyserve.pipeline.voice import VoicePrompt, check_voice_name
@@ -40,7 +40,7 @@ class Synthesizer:
 
     def __init__(self, model: LoadedModel, engine_config: EngineConfig | None = None) -> None:
         """``engine_config``: by default one request at a time, with the KV cache in the
-        model's precision (:func:`~cosyserve.loader.engine_config_for`)."""
+        model's precision (:func:`~cosyserve.engine.loader.engine_config_for`)."""
         self.model = model
         self.frontend = Frontend(model)
         config = engine_config or engine_config_for(model, max_active=1)
@@ -60,7 +60,7 @@ class Synthesizer:
         flow_quantize: FlowQuantization | str = FlowQuantization.NONE,
     ) -> "Synthesizer":
         """Load the model at ``path`` in the given precision (see
-        :func:`~cosyserve.loader.load_model`, which raises ``PrecisionError`` for a setting
+        :func:`~cosyserve.engine.loader.load_model`, which raises ``PrecisionError`` for a setting
         this machine cannot run)."""
         model = load_model(
             path, dtype=dtype, quantize=quantize, device=device, compile=compile, flow_quantize=flow_quantize

@@ -38,6 +38,12 @@ def check_voice_name(name: str) -> None:
         raise InvalidRequestError("invalid voice name: use 1-64 letters, digits, '_' or '-'")
 
 
+class VoiceExistsError(InvalidRequestError):
+    """A voice is registered under that name already."""
+
+    code = "voice_exists"
+
+
 @dataclass(frozen=True, eq=False)
 class VoicePrompt:
     """Prompt features of one voice.

@@ -22,8 +22,9 @@ from cosyserve.engine.scheduler import OverloadedError
 from cosyserve.errors import CosyserveError, InvalidRequestError
 from cosyserve.models.kv_cache import CacheFullError
 from cosyserve.pipeline.frontend import UnknownSpeakerError
+from cosyserve.pipeline.voice import VoiceExistsError
 from cosyserve.server.auth.identity import AuthenticationError, ForbiddenError, RateLimitedError
-from cosyserve.server.service import DeadlineExceededError, VoiceExistsError
+from cosyserve.server.service import DeadlineExceededError
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from typing import Literal
 
 from cosyserve.errors import InvalidRequestError
 from cosyserve.server.service import SpeechParams
+from cosyserve.server.settings import Settings, SettingsError
 from cosyserve.server.wordfilter import WordFilter, read_word_list
-from cosyserve.settings import Settings, SettingsError
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 from cosyserve.engine.async_engine import AsyncEngine, AudioChunk
-from cosyserve.loader import LoadedModel
+from cosyserve.engine.loader import LoadedModel
 from cosyserve.pipeline.voice import VoicePrompt
 from cosyserve.server.auth.ratelimit import current_usage
 from cosyserve.server.guard import InputGuard

@@ -2,12 +2,12 @@
 against its manifest, and open (wipe) the audio cache keyed by the directory's fingerprint.
 
 Runs in the app's background start, so ``/health`` answers meanwhile; hashing the full
-3.3 GB directory is the slow part (see ``verify_model`` in :mod:`cosyserve.settings`).
+3.3 GB directory is the slow part (see ``verify_model`` in :mod:`cosyserve.server.settings`).
 """
 
 from cosyserve.modeldir.preflight import check_model_dir
 from cosyserve.server.audio_cache import AudioCache
-from cosyserve.settings import Settings
+from cosyserve.server.settings import Settings
 
 
 def prepare(settings: Settings) -> AudioCache | None:

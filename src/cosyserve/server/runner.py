@@ -33,7 +33,7 @@ import uvicorn
 
 from cosyserve.errors import CosyserveError
 from cosyserve.logging_setup import log_config
-from cosyserve.settings import Settings
+from cosyserve.server.settings import Settings
 
 if TYPE_CHECKING:
     from cosyserve.server.runtime import ServerRuntime
@@ -101,7 +101,7 @@ def run(settings: Settings) -> None:
 def _serve(settings: Settings, sock: socket.socket | None) -> bool:
     """Run one server process to its end; False if its start failed."""
     # Imported here: a workers' supervisor never loads the model stack (torch) itself.
-    from cosyserve.server.app import create_app
+    from cosyserve.server.http.app import create_app
 
     failed = False
 

@@ -20,8 +20,8 @@ import torch
 
 from cosyserve.engine.async_engine import AsyncEngine
 from cosyserve.engine.engine import Engine
+from cosyserve.engine.loader import engine_config_for, load_model
 from cosyserve.errors import CosyserveError
-from cosyserve.loader import engine_config_for, load_model
 from cosyserve.parallelism import hand_over_threads
 from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
 from cosyserve.pipeline.voice import VoicePrompt
@@ -30,7 +30,7 @@ from cosyserve.server.grpc import GrpcConfig, start_grpc_server
 from cosyserve.server.guard import InputGuard
 from cosyserve.server.guarded_service import GuardedService
 from cosyserve.server.service import ServiceLimits, SpeechService
-from cosyserve.settings import Settings
+from cosyserve.server.settings import Settings
 from cosyserve.voices.store import VoiceStore
 
 logger = logging.getLogger(__name__)

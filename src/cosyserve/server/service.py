@@ -12,7 +12,6 @@ import contextvars
 import dataclasses
 import hashlib
 import logging
-import re
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,33 +20,28 @@ from functools import partial
 from typing import Protocol, TypeVar
 
 from cosyserve.engine.async_engine import AsyncEngine, AudioChunk
+from cosyserve.engine.loader import LoadedModel
 from cosyserve.engine.request import GenerationSpec
 from cosyserve.engine.scheduler import OverloadedError
 from cosyserve.errors import CosyserveError, InvalidRequestError
-from cosyserve.loader import LoadedModel
 from cosyserve.logging_setup import current_request_id
 from cosyserve.parallelism import pin_torch_threads
 from cosyserve.pipeline.frontend import Frontend, UnknownSpeakerError
 from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
-from cosyserve.pipeline.voice import VoicePrompt
+from cosyserve.pipeline.voice import VOICE_NAME, VoiceExistsError, VoicePrompt, check_voice_name
 from cosyserve.server.audio_cache import AudioCache
-from cosyserve.server.request_context import current_record
+from cosyserve.server.http.request_context import current_record
 
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 # Voice names become URL path segments and database keys: no separators, no dots.
-_VOICE_NAME = re.compile(r"^[\w\-]{1,64}$")
 
 
 class DeadlineExceededError(CosyserveError):
     """The request ran past its deadline and was aborted."""
 
     code = "deadline_exceeded"
-
-
-class VoiceExistsError(InvalidRequestError):
-    code = "voice_exists"
 
 
 @dataclass(frozen=True)
@@ -242,7 +236,7 @@ class SpeechService:
         voice: dict[str, str]
         if params.prompt_audio is not None:
             voice = {"audio": hashlib.sha256(params.prompt_audio).hexdigest(), "text": params.prompt_text}
-        elif params.voice and _VOICE_NAME.fullmatch(params.voice):
+        elif params.voice and VOICE_NAME.fullmatch(params.voice):
             registered = self.voices.get(params.voice)
             if registered is not None:
                 voice = {"registered": hashlib.sha256(registered.to_bytes()).hexdigest()}
@@ -304,11 +298,6 @@ class SpeechService:
         return await asyncio.get_running_loop().run_in_executor(
             self._executor, partial(context.run, fn, *args)
         )
-
-
-def check_voice_name(name: str) -> None:
-    if not _VOICE_NAME.fullmatch(name):
-        raise InvalidRequestError("invalid voice name: use 1-64 letters, digits, '_' or '-'")
 
 
 def _infer_mode(params: SpeechParams, voice: VoicePrompt) -> Mode:

@@ -38,8 +38,7 @@ import torch
 from numpy.typing import NDArray
 
 from cosyserve.errors import CosyserveError
-from cosyserve.pipeline.voice import VoicePrompt
-from cosyserve.server.service import VoiceExistsError, check_voice_name
+from cosyserve.pipeline.voice import VoiceExistsError, VoicePrompt, check_voice_name
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +157,7 @@ class VoiceStore:
 
     def put(self, voice: VoicePrompt, *, replace: bool = False) -> None:
         """Store ``voice`` under ``voice.name``. An existing voice of that name raises
-        :class:`~cosyserve.server.service.VoiceExistsError` unless ``replace`` (the
+        :class:`~cosyserve.pipeline.voice.VoiceExistsError` unless ``replace`` (the
         caller decides; the service's ``add_voice`` never replaces)."""
         check_voice_name(voice.name)
         row = (

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from cosyserve.engine.chunking import Chunk, ChunkSchedule
 from cosyserve.engine.config import EngineConfig, FlowCacheMode
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.request import GenerationSpec, Request, Segment, SegmentState, generators_for
@@ -20,7 +21,6 @@ from cosyserve.models.flow.blocks import SelfAttention
 from cosyserve.models.flow.stream_cache import FlowStreamCache
 from cosyserve.models.hift.generator import HiFTGenerator
 from cosyserve.models.lm import CosyVoice2LM
-from cosyserve.pipeline.chunking import Chunk, ChunkSchedule
 from cosyserve.weights.randomize import randomize_
 
 _TOL = 1e-4

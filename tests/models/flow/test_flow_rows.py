@@ -4,11 +4,11 @@
 import pytest
 import torch
 
+from cosyserve.engine.chunking import Chunk, ChunkSchedule
 from cosyserve.modeldir.presets import TINY
 from cosyserve.models.flow import Flow
 from cosyserve.models.flow.rows import FlowRow, infer_rows, stream_rows
 from cosyserve.models.flow.stream_cache import FlowStreamCache
-from cosyserve.pipeline.chunking import Chunk, ChunkSchedule
 
 _MEL_TOL = 1e-5
 

@@ -5,9 +5,9 @@ import copy
 import pytest
 import torch
 
+from cosyserve.engine.chunking import ChunkSchedule
 from cosyserve.models.flow import Flow
 from cosyserve.models.flow.blocks import SelfAttention
-from cosyserve.pipeline.chunking import ChunkSchedule
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -7,9 +7,9 @@ import logging
 import pytest
 from fastapi.testclient import TestClient
 
-from cosyserve.server.app import create_app
 from cosyserve.server.auth.keys import hash_secret
-from cosyserve.settings import Settings, SettingsError
+from cosyserve.server.http.app import create_app
+from cosyserve.server.settings import Settings, SettingsError
 
 KEY = "csk_app_test"
 

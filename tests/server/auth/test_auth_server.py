@@ -21,10 +21,10 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from cosyserve.server.app import create_app
 from cosyserve.server.auth.keys import hash_secret
 from cosyserve.server.grpc.protos import cosyserve_v1_pb2, cosyserve_v1_pb2_grpc
-from cosyserve.settings import Settings
+from cosyserve.server.http.app import create_app
+from cosyserve.server.settings import Settings
 from tests.server.auth.jwt_helpers import AUDIENCE, ISSUER, SigningKey, jwks, new_key
 from tests.server.conftest import ServerProcess, running_server
 from tests.server.http_audio import PROMPT_TEXT, prompt_wav

@@ -21,8 +21,8 @@ from cosyserve.server.auth.ratelimit import RateLimiter
 from cosyserve.server.error_map import map_error
 from cosyserve.server.guard import BlockedContentError, ControlCharacterError, InputGuard
 from cosyserve.server.service import SpeechParams
+from cosyserve.server.settings import Settings, SettingsError
 from cosyserve.server.wordfilter import WordFilter
-from cosyserve.settings import Settings, SettingsError
 from tests.server.auth.jwt_helpers import AUDIENCE, ISSUER, jwks, new_key
 
 FAST = 10  # log2 n of test hashes: ~1 ms instead of ~40
@@ -270,7 +270,7 @@ def test_failed_authentications_are_throttled_per_address() -> None:
 def test_cli_hash_key_prints_a_key_and_its_entry() -> None:
     from typer.testing import CliRunner
 
-    from cosyserve.cli import app
+    from cosyserve.cli.main import app
 
     made = CliRunner().invoke(app, ["auth", "hash-key", "svc"])
     assert made.exit_code == 0, made.output

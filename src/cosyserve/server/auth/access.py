@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from cosyserve.server.auth.authenticator import Authenticator
 from cosyserve.server.auth.identity import AuthenticationError, Credentials, ForbiddenError, Identity
 from cosyserve.server.auth.ratelimit import FailureThrottle, RateLimiter, UsageMeter
-from cosyserve.settings import Settings
+from cosyserve.server.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from cosyserve.server.auth.gateway import Gateway
 from cosyserve.server.auth.identity import AuthenticationError, Credentials, Identity
 from cosyserve.server.auth.jwt import JwksCache, JwtVerifier, looks_like_jwt
 from cosyserve.server.auth.keys import ApiKeys, parse_entries
-from cosyserve.settings import Settings, SettingsError
+from cosyserve.server.settings import Settings, SettingsError
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ networks; from anyone else it is ignored (a client could set it to any name).
 import ipaddress
 from collections.abc import Iterable
 
-from cosyserve.settings import SettingsError
+from cosyserve.server.settings import SettingsError
 
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 

@@ -19,7 +19,7 @@ from cosyserve.server.auth.access import AccessControl
 from cosyserve.server.auth.identity import AuthenticationError, Credentials
 from cosyserve.server.auth.ratelimit import current_usage
 from cosyserve.server.error_map import map_error
-from cosyserve.server.http_errors import error_response
+from cosyserve.server.http.errors import error_response
 
 logger = logging.getLogger(__name__)
 

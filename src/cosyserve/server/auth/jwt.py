@@ -19,7 +19,7 @@ import jwt
 from jwt import PyJWK, PyJWKSet
 
 from cosyserve.server.auth.identity import AuthenticationError
-from cosyserve.settings import SettingsError
+from cosyserve.server.settings import SettingsError
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from cosyserve.settings import SettingsError
+from cosyserve.server.settings import SettingsError
 
 SCHEME = "scrypt"
 DEFAULT_LOG2_N = 14  # n = 16384, r = 8: 16 MiB and ~40 ms per check, OWASP's minimum

@@ -1,0 +1,1 @@
+"""The ``cosyserve`` command line: one module per command group; :mod:`cosyserve.cli.main` joins them."""

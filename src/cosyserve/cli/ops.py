@@ -1,0 +1,158 @@
+"""Operations commands: ``download``, ``verify``, ``doctor``.
+
+``download`` fetches the official weights (resumable) and writes the manifest that
+``verify`` and ``serve`` check; ``doctor`` checks the whole machine and exits 1 on any
+FAIL. Heavy modules are imported inside the commands, so ``--help`` stays fast.
+"""
+
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cosyserve.errors import ModelDirError
+
+EXIT_FAILED_CHECKS = 1
+
+
+class SourceOption(StrEnum):
+    huggingface = "huggingface"
+    modelscope = "modelscope"
+
+
+class DeviceOption(StrEnum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the root app."""
+    app.command("download")(download)
+    app.command("verify")(verify)
+    app.command("doctor")(doctor)
+
+
+def download(
+    source: Annotated[SourceOption, typer.Option(help="Where to fetch from.")] = SourceOption.huggingface,
+    directory: Annotated[
+        Path | None,
+        typer.Option(
+            "--dir",
+            help="Target directory [default: $COSYSERVE_MODEL_DIR, else the cache].",
+            show_default=False,
+        ),
+    ] = None,
+    revision: Annotated[str | None, typer.Option(help="Branch, tag or commit [default: main].")] = None,
+    endpoint: Annotated[
+        str | None, typer.Option(help="Hub URL, e.g. a mirror [env: HF_ENDPOINT].", show_default=False)
+    ] = None,
+    everything: Annotated[
+        bool, typer.Option("--all", help="The whole snapshot, not only the files cosyserve reads.")
+    ] = False,
+) -> None:
+    """Fetch the official CosyVoice2-0.5B weights (resumable) and write their manifest."""
+    from cosyserve.modeldir.download import REPOS, Source
+    from cosyserve.modeldir.download import download as fetch
+    from cosyserve.paths import default_model_dir
+
+    target = directory or default_model_dir()
+    start = time.perf_counter()
+    result = fetch(target, Source(source.value), revision=revision, endpoint=endpoint, everything=everything)
+    elapsed = time.perf_counter() - start
+    at = f"@{result.commit[:12]}" if result.commit else ""
+    typer.echo(
+        f"{REPOS[Source(source.value)]}{at}: {result.files} files, {_gib(result.total_bytes)} in {target} "
+        f"({elapsed:.0f} s); manifest written"
+    )
+    if result.local_only:
+        typer.echo(f"not from the snapshot, kept and listed as they are: {', '.join(result.local_only)}")
+    if directory is not None and directory != default_model_dir():
+        typer.echo(f"serve it with: cosyserve serve --model-dir {target}")
+
+
+def verify(
+    directory: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Model directory [default: $COSYSERVE_MODEL_DIR, else the cache].", show_default=False
+        ),
+    ] = None,
+    hashes: Annotated[bool, typer.Option(help="Hash every file (--no-hashes: names only).")] = True,
+    write: Annotated[
+        bool, typer.Option("--write", help="Write the manifest from the files as they are now.")
+    ] = False,
+) -> None:
+    """Check every file of a model directory against its manifest.sha256."""
+    from cosyserve.modeldir.layout import MANIFEST_FILE, ModelDir
+    from cosyserve.modeldir.manifest import check_manifest, listed_files, write_manifest
+    from cosyserve.modeldir.preflight import download_command
+    from cosyserve.paths import default_model_dir
+
+    root = directory or default_model_dir()
+    if not root.exists():
+        raise ModelDirError(
+            f"model directory {root} does not exist; fetch it with `{download_command(root)}`"
+        )
+    ModelDir.open(root)
+    if write:
+        path = write_manifest(root)
+        typer.echo(f"wrote {path}: {len(listed_files(root))} files")
+        return
+    if not (root / MANIFEST_FILE).is_file():
+        raise ModelDirError(
+            f"{root} has no {MANIFEST_FILE}; if its files are known good, write one with "
+            f"`cosyserve verify --write {root}`"
+        )
+    start = time.perf_counter()
+    problems = check_manifest(root, hashes=hashes)
+    elapsed = time.perf_counter() - start
+    for problem in problems:
+        typer.echo(f"FAIL  {problem}")
+    if problems:
+        raise ModelDirError(f"{len(problems)} file(s) do not match {root / MANIFEST_FILE}")
+    names = listed_files(root)
+    size = sum((root / name).stat().st_size for name in names)
+    what = "sha256 of" if hashes else "names of"
+    typer.echo(f"OK    {what} {len(names)} files ({_gib(size)}) match {MANIFEST_FILE} ({elapsed:.1f} s)")
+
+
+def doctor(
+    model_dir: Annotated[Path | None, typer.Option(help="Model directory [default: as serve].")] = None,
+    host: Annotated[str | None, typer.Option(help="Listen address [default: as serve].")] = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port [default: as serve].")] = None,
+    grpc_port: Annotated[int | None, typer.Option(help="gRPC port [default: as serve].")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML settings file, as for serve.")] = None,
+    device: Annotated[
+        DeviceOption, typer.Option(help="Where the model is meant to run.")
+    ] = DeviceOption.auto,
+    dtype: Annotated[str, typer.Option(help="fp32|bf16|fp16 (for the GPU memory estimate).")] = "fp32",
+    quantize: Annotated[str, typer.Option(help="none|int8|int8wo|int4.")] = "none",
+    hashes: Annotated[bool, typer.Option(help="Hash the model files (--no-hashes: names only).")] = True,
+) -> None:
+    """Check that this machine can serve: OK/WARN/FAIL with advice; exit 1 on any FAIL.
+
+    Python, torch, GPU and driver, precision and GPU memory, onnxruntime, audio codecs,
+    wetext, the model directory, disk and ports.
+    """
+    import cosyserve.cli.doctor as checks
+    from cosyserve.server.settings import Settings
+
+    settings = Settings.load(config, model_dir=model_dir, host=host, port=port, grpc_port=grpc_port)
+    facts = checks.gather(
+        settings.model_dir,
+        settings.host,
+        [("HTTP", settings.port), ("gRPC", settings.grpc_port)],
+        verify_hashes=hashes,
+    )
+    results = checks.evaluate(facts, checks.Plan(device=device.value, dtype=dtype, quantize=quantize))
+    typer.echo(checks.render(results))
+    code = checks.exit_code(results)
+    if code:
+        raise typer.Exit(code)
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"

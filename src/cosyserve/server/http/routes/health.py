@@ -1,0 +1,36 @@
+"""Probes: ``/health`` (the process is alive) and ``/ready`` (it can synthesise now)."""
+
+from fastapi import APIRouter, Request, Response
+
+from cosyserve.server.http.deps import runtime_of
+from cosyserve.server.http.wire import Health, Readiness
+from cosyserve.server.runtime import Phase
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/health")
+async def health() -> Health:
+    """200 while the process runs, even before the model is loaded (liveness)."""
+    return Health()
+
+
+@router.get("/ready", responses={503: {"model": Readiness}})
+async def ready(request: Request, response: Response) -> Readiness:
+    """200 once the model is loaded and warmed up and the engine thread runs; else 503.
+    The body also tells how busy the process is."""
+    runtime = runtime_of(request)
+    settings = runtime.settings
+    status = runtime.phase.value
+    if runtime.phase is Phase.READY and not runtime.engine_alive:
+        status = "engine_dead"
+    service = runtime.service
+    response.status_code = 200 if runtime.ready else 503
+    return Readiness(
+        status=status,
+        model=settings.model_dir.name,
+        engine_alive=runtime.engine_alive,
+        in_flight=0 if service is None else service.in_flight,
+        engine_requests=runtime.engine_requests,
+        capacity=settings.max_active + settings.max_queued,
+    )

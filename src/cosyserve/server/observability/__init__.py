@@ -1,0 +1,1 @@
+"""Metrics, tracing and the memory watchdog of a server process."""

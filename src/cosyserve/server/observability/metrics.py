@@ -1,0 +1,174 @@
+"""Prometheus metrics of one server process, in a registry of its own (no global state).
+
+Request metrics are recorded by :class:`~cosyserve.server.http.request_context.RequestContextMiddleware`;
+engine and process state is read at scrape time from the speech service
+(:class:`_EngineCollector`), and memory growth is set by the
+:class:`~cosyserve.server.observability.watchdog.MemoryWatchdog`. ``GET /metrics`` serves the text format.
+"""
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import torch
+from fastapi import APIRouter, Request, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from cosyserve.server.service import SpeechService
+
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
+
+router = APIRouter(tags=["metrics"])
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    """Prometheus text format."""
+    server_metrics: ServerMetrics = request.app.state.metrics
+    return Response(generate_latest(server_metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class ServerMetrics:
+    """The metrics of one process. ``service`` returns the speech service once it exists
+    (None before the model is loaded), for the engine gauges read at scrape time."""
+
+    def __init__(self, service: "Callable[[], SpeechService | None]" = lambda: None) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "cosyserve_requests", "HTTP requests by route and status.", ["route", "status"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "cosyserve_request_duration_seconds",
+            "Whole HTTP request time, to the last byte.",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.first_audio_seconds = Histogram(
+            "cosyserve_time_to_first_audio_seconds",
+            "From the request's arrival to its first audio.",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.rtf = Histogram(
+            "cosyserve_real_time_factor",
+            "Request time divided by the audio seconds produced (below 1: faster than real time).",
+            ["route"],
+            buckets=_RTF_BUCKETS,
+            registry=r,
+        )
+        self.audio_seconds = Counter(
+            "cosyserve_audio_seconds", "Seconds of audio produced.", ["route"], registry=r
+        )
+        self.memory_growth = Gauge(
+            "cosyserve_memory_growth_bytes",
+            "Growth over the memory watchdog's window of idle samples (rss, cuda_allocated).",
+            ["kind"],
+            registry=r,
+        )
+        self.memory_idle = Gauge(
+            "cosyserve_memory_idle_bytes", "Latest memory sample taken while idle.", ["kind"], registry=r
+        )
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, CPU seconds, open fds
+        r.register(_EngineCollector(service))
+
+    def observe_request(
+        self, *, route: str, status: int, total_s: float, first_audio_s: float | None, audio_s: float
+    ) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.request_seconds.labels(route).observe(total_s)
+        if first_audio_s is not None:
+            self.first_audio_seconds.labels(route).observe(first_audio_s)
+        if audio_s > 0:
+            self.audio_seconds.labels(route).inc(audio_s)
+            self.rtf.labels(route).observe(total_s / audio_s)
+
+
+class _EngineCollector(Collector):
+    """Engine, queue and device gauges, read when scraped."""
+
+    def __init__(self, service: "Callable[[], SpeechService | None]") -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[Metric]:
+        service = self._service()
+        if service is not None:
+            async_engine = service.engine
+            engine = async_engine.engine
+            stats = engine.stats.snapshot()
+            yield _gauge(
+                "cosyserve_engine_alive", "1 while the engine thread runs.", float(async_engine.alive)
+            )
+            yield _gauge(
+                "cosyserve_requests_in_flight", "Requests admitted and not finished.", service.in_flight
+            )
+            yield _gauge(
+                "cosyserve_active_streams", "Requests inside the engine.", async_engine.active_requests
+            )
+            yield _gauge(
+                "cosyserve_queue_depth", "Requests waiting for a KV slot.", len(engine.scheduler.waiting)
+            )
+            yield _gauge(
+                "cosyserve_lm_batch_size", "Requests in the latest LM decode step.", stats.last_decode_batch
+            )
+            tokens_per_s = stats.decoded_tokens / stats.decode_s if stats.decode_s else 0.0
+            yield _gauge(
+                "cosyserve_lm_tokens_per_second", "Decoded speech tokens per decode second.", tokens_per_s
+            )
+            yield _counter("cosyserve_lm_decoded_tokens", "Speech tokens decoded.", stats.decoded_tokens)
+            yield _counter("cosyserve_lm_prefill_tokens", "Tokens prefilled.", stats.prefill_tokens)
+            yield _counter("cosyserve_lm_decode_steps", "Batched LM decode steps.", stats.decode_steps)
+            for stage in ("prefill", "decode", "flow", "hift"):
+                yield _counter(
+                    f"cosyserve_{stage}_seconds",
+                    f"Wall seconds spent in {stage}.",
+                    getattr(stats, f"{stage}_s"),
+                )
+            # token2wav batches chunks of several requests: calls and the chunks they carried.
+            yield _counter("cosyserve_flow_calls", "Flow (token-to-mel) batched calls.", stats.flow_calls)
+            yield _counter("cosyserve_flow_chunks", "Chunks through the flow.", stats.flow_rows)
+            yield _counter("cosyserve_hift_calls", "HiFT (mel-to-wave) batched calls.", stats.hift_calls)
+            yield _counter("cosyserve_hift_chunks", "Chunks through HiFT.", stats.hift_rows)
+            yield _counter(
+                "cosyserve_flow_cache_refusals",
+                "Streamed segments recomputed per chunk: the flow stream cache budget was full.",
+                stats.flow_cache_refusals,
+            )
+            errors = CounterMetricFamily(
+                "cosyserve_engine_errors", "Requests the engine failed, by error code.", labels=["kind"]
+            )
+            for kind, count in sorted(stats.failures.items()):
+                errors.add_metric([kind], count)
+            yield errors
+        if torch.cuda.is_available():
+            yield _gauge(
+                "cosyserve_cuda_memory_allocated_bytes",
+                "CUDA memory held by tensors.",
+                torch.cuda.memory_allocated(),
+            )
+            yield _gauge(
+                "cosyserve_cuda_memory_reserved_bytes",
+                "CUDA memory reserved by the caching allocator.",
+                torch.cuda.memory_reserved(),
+            )
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, documentation, value=value)
