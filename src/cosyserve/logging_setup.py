@@ -11,6 +11,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -95,6 +96,12 @@ class TextFormatter(logging.Formatter):
             return line
         head, newline, rest = line.partition("\n")  # keep a traceback below the fields
         return f"{head} {' '.join(extra)}{newline}{rest}"
+
+
+def default_log_format() -> LogFormat:
+    """Lines for a person at a terminal, JSON objects for everything else (a container's
+    log collector, a file, a pipe)."""
+    return "text" if sys.stderr.isatty() else "json"
 
 
 def log_config(level: str, fmt: LogFormat) -> dict[str, Any]:

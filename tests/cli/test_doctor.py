@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cosyserve.cli import doctor
-from cosyserve.cli.doctor import GIB, Facts, Gpu, Plan, Status, evaluate, exit_code, gpu_memory_needed
+from cosyserve.cli.doctor import GIB, Facts, Gpu, Intent, Status, evaluate, exit_code, gpu_memory_needed
 from cosyserve.cli.main import app
 
 H100 = Gpu("NVIDIA H100 80GB HBM3", (9, 0), 80 * GIB, 78 * GIB)
@@ -45,12 +45,12 @@ def good(tmp_path: Path) -> Facts:
     )
 
 
-def statuses(facts: Facts, plan: Plan | None = None) -> dict[str, Status]:
-    return {check.name: check.status for check in evaluate(facts, plan or Plan())}
+def statuses(facts: Facts, plan: Intent | None = None) -> dict[str, Status]:
+    return {check.name: check.status for check in evaluate(facts, plan or Intent())}
 
 
 def test_a_healthy_gpu_server_is_all_ok(good: Facts) -> None:
-    checks = evaluate(good, Plan(device="cuda", dtype="bf16"))
+    checks = evaluate(good, Intent(device="cuda", dtype="bf16"))
     assert [c.status for c in checks] == [Status.OK] * len(checks), doctor.render(checks)
     assert exit_code(checks) == 0
 
@@ -58,35 +58,40 @@ def test_a_healthy_gpu_server_is_all_ok(good: Facts) -> None:
 @pytest.mark.parametrize(
     ("change", "plan", "check", "status"),
     [
-        ({"driver_cuda": "11.8"}, Plan(), "driver", Status.FAIL),  # driver too old for the wheel
-        ({"driver_cuda": "12.4"}, Plan(), "driver", Status.WARN),  # minor-version compatibility
-        ({"gpus": (), "cuda_error": "no driver"}, Plan(device="cuda"), "gpu", Status.FAIL),
-        ({"gpus": (), "torch_cuda": None}, Plan(), "gpu", Status.WARN),  # CPU wheel on a GPU box
-        ({"gpus": (), "torch_cuda": None, "driver_version": None}, Plan(device="cpu"), "gpu", Status.OK),
-        ({"gpus": (T4,)}, Plan(dtype="bf16"), "precision", Status.FAIL),  # no bf16 before Ampere
-        ({"gpus": (dataclasses.replace(H100, free_bytes=2 * GIB),)}, Plan(), "precision", Status.FAIL),
-        ({"gpus": ()}, Plan(dtype="fp16"), "precision", Status.FAIL),  # fp16 is CUDA only
-        ({"gpus": (), "cpu_bf16": False}, Plan(dtype="bf16"), "precision", Status.WARN),  # emulated bf16
-        ({"gpus": ()}, Plan(dtype="bf16"), "precision", Status.OK),  # AVX512-BF16 or AMX
-        ({"python": (3, 10, 12)}, Plan(), "python", Status.FAIL),
-        ({"torch_version": "2.11.0+cu128"}, Plan(), "torch", Status.WARN),
-        ({"onnxruntime_providers": ("CUDAExecutionProvider",)}, Plan(), "onnxruntime", Status.FAIL),
-        ({"unusable_formats": ("mp3",)}, Plan(), "audio codecs", Status.WARN),
-        ({"av_version": None}, Plan(), "audio codecs", Status.FAIL),
-        ({"wetext_error": "FileNotFoundError: zh_tn_tagger.fst"}, Plan(), "text normalization", Status.FAIL),
-        ({"model_error": "llm.pt: missing"}, Plan(), "model directory", Status.FAIL),
-        ({"model_warning": "no manifest.sha256"}, Plan(), "model directory", Status.WARN),
-        ({"disk_free_bytes": GIB // 2}, Plan(), "disk", Status.WARN),
+        ({"driver_cuda": "11.8"}, Intent(), "driver", Status.FAIL),  # driver too old for the wheel
+        ({"driver_cuda": "12.4"}, Intent(), "driver", Status.WARN),  # minor-version compatibility
+        ({"gpus": (), "cuda_error": "no driver"}, Intent(device="cuda"), "gpu", Status.FAIL),
+        ({"gpus": (), "torch_cuda": None}, Intent(), "gpu", Status.WARN),  # CPU wheel on a GPU box
+        ({"gpus": (), "torch_cuda": None, "driver_version": None}, Intent(device="cpu"), "gpu", Status.OK),
+        ({"gpus": (T4,)}, Intent(dtype="bf16"), "precision", Status.FAIL),  # no bf16 before Ampere
+        ({"gpus": (dataclasses.replace(H100, free_bytes=2 * GIB),)}, Intent(), "precision", Status.FAIL),
+        ({"gpus": ()}, Intent(dtype="fp16"), "precision", Status.FAIL),  # fp16 is CUDA only
+        ({"gpus": (), "cpu_bf16": False}, Intent(dtype="bf16"), "precision", Status.WARN),  # emulated bf16
+        ({"gpus": ()}, Intent(dtype="bf16"), "precision", Status.OK),  # AVX512-BF16 or AMX
+        ({"python": (3, 10, 12)}, Intent(), "python", Status.FAIL),
+        ({"torch_version": "2.11.0+cu128"}, Intent(), "torch", Status.WARN),
+        ({"onnxruntime_providers": ("CUDAExecutionProvider",)}, Intent(), "onnxruntime", Status.FAIL),
+        ({"unusable_formats": ("mp3",)}, Intent(), "audio codecs", Status.WARN),
+        ({"av_version": None}, Intent(), "audio codecs", Status.FAIL),
+        (
+            {"wetext_error": "FileNotFoundError: zh_tn_tagger.fst"},
+            Intent(),
+            "text normalization",
+            Status.FAIL,
+        ),
+        ({"model_error": "llm.pt: missing"}, Intent(), "model directory", Status.FAIL),
+        ({"model_warning": "no manifest.sha256"}, Intent(), "model directory", Status.WARN),
+        ({"disk_free_bytes": GIB // 2}, Intent(), "disk", Status.WARN),
         (
             {"ports": (("HTTP", "127.0.0.1", 8000, "Address already in use"),)},
-            Plan(),
+            Intent(),
             "HTTP port",
             Status.FAIL,
         ),
     ],
 )
 def test_each_problem_is_reported(
-    good: Facts, change: dict[str, object], plan: Plan, check: str, status: Status
+    good: Facts, change: dict[str, object], plan: Intent, check: str, status: Status
 ) -> None:
     result = statuses(dataclasses.replace(good, **change), plan)  # type: ignore[arg-type]
     assert result[check] is status
@@ -99,15 +104,15 @@ def test_missing_model_dir_needs_room_for_the_download(good: Facts, tmp_path: Pa
     facts = dataclasses.replace(
         good, model_dir=tmp_path / "absent", model_error="absent", disk_free_bytes=2 * GIB
     )
-    checks = {c.name: c for c in evaluate(facts, Plan())}
+    checks = {c.name: c for c in evaluate(facts, Intent())}
     assert checks["disk"].status is Status.FAIL
     assert checks["model directory"].advice == f"`cosyserve download --dir {tmp_path / 'absent'}`"
 
 
 def test_memory_estimate_shrinks_with_dtype_and_quantization() -> None:
     weights = doctor.OFFICIAL_WEIGHTS
-    fp32, bf16 = gpu_memory_needed(weights, Plan()), gpu_memory_needed(weights, Plan(dtype="bf16"))
-    int8 = gpu_memory_needed(weights, Plan(dtype="bf16", quantize="int8"))
+    fp32, bf16 = gpu_memory_needed(weights, Intent()), gpu_memory_needed(weights, Intent(dtype="bf16"))
+    int8 = gpu_memory_needed(weights, Intent(dtype="bf16", quantize="int8"))
     assert fp32 > bf16 > int8 > sum(weights) // 4
     assert fp32 - bf16 == pytest.approx((weights[0] + weights[1]) / 2, rel=1e-6)
 
@@ -142,5 +147,27 @@ def test_real_run_on_this_machine(
     }
     assert result.exit_code == 1, result.stdout
     assert lines["HTTP"] == "FAIL" and lines["model"] == "OK" and lines["text"] == "OK", result.stdout
+    assert lines["plan"] in ("OK", "WARN") and "profile auto (" in result.stdout
     assert lines["torch"] in ("OK", "WARN") and lines["gpu"] in ("OK", "WARN")
     assert "gRPC" not in lines
+
+
+def test_the_plan_heads_the_report_and_sets_the_intent(good: Facts) -> None:
+    from cosyserve.accel.machine import Cpu, Machine
+    from cosyserve.accel.plan import Choices, choose_plan
+
+    zen4 = Machine(Cpu("Zen 4", 2, avx2=True, avx512=True, vnni=True, bf16=True), fbgemm=True)
+    facts = dataclasses.replace(good, gpus=(), plan=choose_plan(zen4, "auto"))
+    intent = facts.intent(None, None, None)
+    assert intent == Intent("cpu", "bf16", "int8")
+    assert facts.intent("cpu", "fp32", None) == Intent("cpu", "fp32", "int8")  # flags win, one each
+    checks = evaluate(facts, intent)
+    assert checks[0].name == "plan" and checks[0].status is Status.OK
+    assert checks[0].detail.startswith("profile auto (measured on avx512_bf16): device=cpu dtype=bf16")
+    zen3 = Machine(Cpu("Zen 3", 2, avx2=True), fbgemm=True)
+    slow = dataclasses.replace(facts, plan=choose_plan(zen3, "auto", Choices(dtype="bf16")))
+    assert statuses(slow)["plan"] is Status.WARN  # emulated bf16, said with the fix
+    failed = dataclasses.replace(good, plan_error="device 'cuda' requested, but CUDA is not available")
+    plan_check = evaluate(failed, Intent())[0]
+    assert (plan_check.name, plan_check.status) == ("plan", Status.FAIL)
+    assert "CUDA is not available" in plan_check.detail

@@ -17,17 +17,16 @@ import torch
 from cosyserve.bench.engine_runs import (
     RequestResult,
     collect,
-    drain,
     make_engine,
     mixed_specs,
     run_alone,
     run_together,
 )
+from cosyserve.engine.admission import OverloadedError
 from cosyserve.engine.async_engine import AsyncEngine, EngineDeadError
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.loader import LoadedModel, load_model
 from cosyserve.engine.request import GenerationSpec, Request
-from cosyserve.engine.scheduler import OverloadedError
 from tests.engine.helpers import assert_same
 
 
@@ -202,18 +201,6 @@ def test_a_failing_request_fails_alone(
     assert results["crash"].error is not None and results["crash"].error.code == "internal_error"
     assert str(10**9) not in str(results["bad-input"].error)  # it names the limit, not the input
     assert_same(results, alone, [s.request_id for s in good])
-    assert_idle(engine)
-
-
-def test_overload_is_refused_at_once(tiny_model: LoadedModel, specs: list[GenerationSpec]) -> None:
-    engine = make_engine(tiny_model, max_active=2, max_waiting=3)
-    for spec in specs[:5]:
-        engine.add(spec)
-    with pytest.raises(OverloadedError):
-        engine.add(specs[5])
-    drain(engine, {})
-    engine.add(specs[5])  # room again
-    engine.abort(specs[5].request_id)
     assert_idle(engine)
 
 

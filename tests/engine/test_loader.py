@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosyserve.engine.flow_cache_mode import default_flow_cache
+from cosyserve.accel.flow_cache_mode import default_flow_cache
 from cosyserve.engine.loader import engine_config_for, load_model
 from cosyserve.pipeline.synthesizer import Synthesizer
 

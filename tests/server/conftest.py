@@ -65,7 +65,8 @@ def isolated_env(tmp: Path) -> dict[str, str]:
 
 
 def server_args(model_dir: Path, tmp: Path, **settings: object) -> list[str]:
-    """Flags for a test server: any free port, no gRPC, a private voice database;
+    """Flags for a test server: any free port, no gRPC, a private voice database, the exact
+    profile;
     ``settings`` are more flags (``max_active=1`` -> ``--max-active 1``)."""
     values: dict[str, object] = {
         "model_dir": model_dir,
@@ -74,6 +75,8 @@ def server_args(model_dir: Path, tmp: Path, **settings: object) -> list[str]:
         "voices_db": tmp / "voices.sqlite3",
         "shutdown_grace": 5,
         "auth_mode": "none",  # auth is on by default; tests/server/auth/ turn it on explicitly
+        # The same plan on every CPU, and the in-process references' (load_model's default).
+        "profile": "exact",
         **settings,
     }
     args: list[str] = []

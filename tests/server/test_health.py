@@ -5,10 +5,22 @@ import httpx
 from tests.server.conftest import ServerProcess
 
 
-def test_health(server: ServerProcess) -> None:
+def test_health_shows_the_plan(server: ServerProcess) -> None:
     response = httpx.get(f"{server.url}/health")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok"}
+    body = response.json()
+    assert body["status"] == "ok"
+    plan = body["plan"]
+    assert (plan["profile"], plan["basis"], plan["device"], plan["dtype"]) == (
+        "exact",
+        "parity with upstream",
+        "cpu",
+        "fp32",
+    )
+    # The same plan in one start-up log line and as the info metric.
+    server.log_with("plan: profile exact (parity with upstream): device=cpu", "hop_growth=on")
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert "cosyserve_plan_info{" in metrics and 'profile="exact"' in metrics
 
 
 def test_ready(server: ServerProcess) -> None:

@@ -60,10 +60,18 @@ def test_bad_queries(server: ServerProcess, params: dict[str, object], status: i
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
 
-def test_missing_voice_is_422(server: ServerProcess) -> None:
-    response = httpx.get(f"{server.url}/tts", params={"text": "hi"})
-    assert response.status_code == 422
-    assert response.json()["error"]["param"] == "voice"
+def test_without_a_voice_the_default_speaks(server: ServerProcess) -> None:
+    """The seed API's load test calls ``/tts?text=...`` alone: the first built-in answers."""
+    query = {"text": "你好世界", "seed": 0, "min_tokens": 10, "max_tokens": 10}
+    response = httpx.get(f"{server.url}/tts", params=query, timeout=60)
+    assert response.status_code == 200, response.text
+    named = tts(server, text="你好世界", min_tokens=10, max_tokens=10)
+    assert response.content == named.content
+
+
+@pytest.mark.parametrize(("alias", "builtin"), [("zh_female", "中文女"), ("en_male", "英文男")])
+def test_aliases_name_the_built_in_speakers(server: ServerProcess, alias: str, builtin: str) -> None:
+    assert tts(server, voice=alias).content == tts(server, voice=builtin).content
 
 
 def test_longest_allowed_text(server: ServerProcess) -> None:

@@ -19,15 +19,14 @@ its call took, and the fbgemm copy of a checked weight can go.
 The kernel is compiled with torch's C++ extension builder (``ninja`` and a C++ compiler,
 about 10 s once; the build is cached under ``TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``, in a directory per installed source file). Where the CPU
-lacks the instructions, the build fails, or ``COSYSERVE_NATIVE_INT8=0`` is set, fbgemm runs
-every call, as before.
+lacks the instructions (the plan's ``native_int8`` is off) or the build fails, fbgemm runs
+every call.
 """
 
 import functools
 import hashlib
 import logging
 import os
-import platform
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -39,9 +38,6 @@ from torch import nn
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "int8_rows.cpp"
-# The CPU flags (as /proc/cpuinfo names them) of the instructions the kernel is built for.
-REQUIRED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma"})
-ENV_SWITCH = "COSYSERVE_NATIVE_INT8"
 _LANES = 16  # output rows per block of the packed weight
 _CFLAGS = (
     "-O3",
@@ -57,35 +53,12 @@ _CFLAGS = (
 )
 
 
-def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags from ``/proc/cpuinfo`` (empty off Linux or x86)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.partition(":")[2].split())
-    return frozenset()
-
-
-def supported() -> bool:
-    """Whether this CPU runs the kernel: x86 with the instructions it is built for."""
-    return platform.machine() in ("x86_64", "AMD64") and cpu_flags() >= REQUIRED_FLAGS
-
-
-def switched_off() -> bool:
-    """Whether ``COSYSERVE_NATIVE_INT8`` says not to use the kernel (read at each load)."""
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off")
-
-
 @functools.cache
 def load() -> bool:
-    """Build (or take from the cache) and load the kernel, once per process, where the CPU
-    runs it; whether ``torch.ops.cosyserve.int8_rows`` can be called. A failed build is
-    logged once, with what to do, and fbgemm stays."""
-    if not supported():
-        return False
+    """Build (or take from the cache) and load the kernel, once per process; whether
+    ``torch.ops.cosyserve.int8_rows`` can be called. Only for a CPU with AVX-512 VNNI (the
+    plan's ``native_int8``). A failed build is logged once, with what to do, and fbgemm
+    stays."""
     from torch.utils import cpp_extension  # imports setuptools: only where it is used
 
     if shutil.which("ninja") is None:
@@ -108,10 +81,9 @@ def load() -> bool:
     except (OSError, RuntimeError, ImportError, ValueError, subprocess.SubprocessError) as exc:
         logger.warning(
             "the int8 kernel could not be built (%s: %s); fbgemm runs the LM's int8 Linears. "
-            "Install a C++ compiler (g++) to build it, or set %s=0 to skip it",
+            "Install a C++ compiler (g++) to build it",
             type(exc).__name__,
             str(exc).splitlines()[0][:200] if str(exc) else "",
-            ENV_SWITCH,
         )
         return False
     return True
@@ -195,9 +167,8 @@ class NativeInt8Packer:
 
     @classmethod
     def create(cls, input_scale: float, zero_point: int) -> "NativeInt8Packer | None":
-        """A packer where the kernel runs here (:func:`load`) and is not switched off; None
-        otherwise."""
-        if switched_off() or not load():
+        """A packer where the kernel loads (:func:`load`); None otherwise."""
+        if not load():
             return None
         return cls(input_scale, zero_point)
 

@@ -132,10 +132,9 @@ class OneDnnPacker:
 
     @classmethod
     def create(cls) -> "OneDnnPacker | None":
-        """A packer where oneDNN's int8 matmul is worth a second copy of the weights: a CPU
-        with AMX tiles and a torch with the ops. None otherwise."""
-        if not torch.cpu._is_amx_tile_supported():
-            return None
+        """A packer for oneDNN's int8 matmul, which is worth a second copy of the weights on
+        a CPU with AMX tiles (the plan's ``onednn_int8``); None where this torch lacks the
+        ops."""
         try:
             return cls(_scripted_linear())
         except (AttributeError, RuntimeError) as exc:

@@ -40,13 +40,6 @@ from cosyserve.errors import CosyserveError
 _E = TypeVar("_E", bound=StrEnum)
 
 
-def native_cpu_bf16() -> bool:
-    """Whether this CPU has bfloat16 matrix instructions (AVX512-BF16 or AMX). Without
-    them torch emulates bfloat16 GEMMs: on an AVX2-only Zen 3 a 1024x1024 bf16 matmul ran
-    at 0.9 GFLOP/s against 114 GFLOP/s in float32 (``docs/precision.md``)."""
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-
-
 def fbgemm_available() -> bool:
     """Whether torch has its fbgemm kernels (x86 builds), which fp16 flow weights run on."""
     return "fbgemm" in torch.backends.quantized.supported_engines
@@ -132,18 +125,6 @@ class Precision:
             f"{self.dtype}/{self.quantize} on {self.device} "
             f"(lm {names[0]}, flow {names[1]}{weights}, hift {names[2]}{compiled})"
         )
-
-    def advice(self) -> list[str]:
-        """What this setting runs but should not: warnings for whoever loads a model with it,
-        not errors, since the results are right, only slow (and the tests of bf16 numerics
-        must run on any CPU)."""
-        if not self.on_cuda and self.flow_dtype == torch.bfloat16 and not native_cpu_bf16():
-            return [
-                "bf16 on a CPU without bfloat16 instructions (AVX512-BF16 or AMX): torch "
-                "emulates its matmuls, about 100x slower than fp32; use --dtype fp32 "
-                "--flow-quantize fp16"
-            ]
-        return []
 
     def _check(self) -> None:
         try:

@@ -1,14 +1,23 @@
-"""The precision choices (dtype, quantization) as plain string enums.
+"""The profile and precision choices (dtype, quantization) as plain string enums.
 
 They live apart from :mod:`cosyserve.accel.precision` so that the settings and the
 command line can offer them without importing torch (``cosyserve --help`` stays fast).
 """
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+
+
+class Profile(StrEnum):
+    """What the plan optimises for (:mod:`cosyserve.accel.plan`)."""
+
+    AUTO = "auto"
+    FAST = "fast"
+    EXACT = "exact"
 
 
 class Dtype(StrEnum):
@@ -52,3 +61,15 @@ class FlowQuantization(StrEnum):
 
     NONE = "none"
     FP16 = "fp16"
+
+
+@dataclass(frozen=True)
+class Choices:
+    """Explicit precision choices (flags, settings); None leaves a field to the profile.
+    ``compile``: torch.compile the unquantized LM (Python API only; slow start)."""
+
+    dtype: Dtype | str | None = None
+    quantize: Quantization | str | None = None
+    flow_quantize: FlowQuantization | str | None = None
+    device: str | None = None
+    compile: bool = False

@@ -56,9 +56,13 @@ QuantizeDynamic = Callable[..., nn.Module]
 M = TypeVar("M", bound=nn.Module)
 
 
-def quantize_lm_(lm: CosyVoice2LM, precision: Precision) -> None:
+def quantize_lm_(
+    lm: CosyVoice2LM, precision: Precision, *, native: bool = False, onednn: bool = False
+) -> None:
     """Quantize ``lm``'s decoder-layer Linear modules as ``precision`` says (nothing for
     ``none``). On CUDA ``lm`` must already be on its device in ``precision.lm_dtype``.
+    Dynamic int8 runs on our kernel with ``native`` (AVX-512 VNNI) and calls of several rows
+    on oneDNN with ``onednn`` (AMX), each where it loads; else on fbgemm.
 
     Dynamic int8 (CPU) takes the speech head too: its 6564 x 896 float32 weight is read
     whole on every decode step, 1.2-1.4 ms of a batch-1 step against about 0.3 ms in int8,
@@ -76,20 +80,21 @@ def quantize_lm_(lm: CosyVoice2LM, precision: Precision) -> None:
     if mode is Quantization.INT8 and quantize_dynamic is None:
         logger.warning("torch.ao quantize_dynamic is unavailable; int8 uses weight-only int8 instead")
     release = PageReleaser()
-    onednn = OneDnnPacker.create() if quantize_dynamic is not None else None
-    native = NativeInt8Packer.create(INPUT_SCALE, INPUT_ZERO_POINT) if quantize_dynamic is not None else None
+    dynamic = quantize_dynamic is not None
+    onednn_packer = OneDnnPacker.create() if dynamic and onednn else None
+    native_packer = NativeInt8Packer.create(INPUT_SCALE, INPUT_ZERO_POINT) if dynamic and native else None
     for layer in layers:
         weights = [module.weight for module in layer.modules() if isinstance(module, nn.Linear)]
         if quantize_dynamic is None:
             int8_weight_only_(layer)
         else:
-            int8_dynamic_([layer], quantize_dynamic, onednn, native)
+            int8_dynamic_([layer], quantize_dynamic, onednn_packer, native_packer)
         # Read once to quantize them: their pages of llm.pt need not stay resident.
         release(weights)
     if quantize_dynamic is not None:
         head = lm.llm_decoder.weight
         # The layers' Linears are int8 already: of the LM's own Linears only the head is left.
-        int8_dynamic_([lm], quantize_dynamic, onednn, native)
+        int8_dynamic_([lm], quantize_dynamic, onednn_packer, native_packer)
         release([head])
 
 

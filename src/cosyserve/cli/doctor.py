@@ -2,9 +2,10 @@
 
 Two halves, so that the judgement is testable without the hardware: :func:`gather`
 collects :class:`Facts` (versions, devices, files, ports), and :func:`evaluate` turns
-facts and the intended :class:`Plan` (device, dtype, quantization) into :class:`Check`
-results, each OK, WARN or FAIL with advice. Mismatched versions (a CUDA wheel on a driver
-too old for it, an FFmpeg without an encoder) otherwise fail only at run time, mid-request.
+facts and the :class:`Intent` (device, dtype, quantization: the speed plan's, or as
+asked) into :class:`Check` results, each OK, WARN or FAIL with advice. Mismatched
+versions (a CUDA wheel on a driver too old for it, an FFmpeg without an encoder)
+otherwise fail only at run time, mid-request.
 """
 
 import logging
@@ -17,13 +18,18 @@ import sys
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from cosyserve.accel.precision_choices import Choices, Profile
 from cosyserve.errors import CosyserveError
 from cosyserve.modeldir.layout import MANIFEST_FILE, ModelDir
 from cosyserve.modeldir.manifest import check_manifest
 from cosyserve.modeldir.preflight import download_command
+
+if TYPE_CHECKING:
+    from cosyserve.accel.plan import Plan
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +75,7 @@ class Gpu:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Intent:
     """How the server is meant to run: ``device`` auto|cpu|cuda, ``dtype`` fp32|bf16|fp16,
     ``quantize`` none|int8|int8wo|int4."""
 
@@ -91,6 +97,8 @@ class Facts:
     doubtful; ``model_hashed``: whether file contents were checked, not only names;
     ``weights_bytes``: sizes of llm.pt, flow.pt and hift.pt.
     ``ports``: (label, host, port, error or None) for each port the server would bind.
+    ``plan``: the speed plan ``serve`` would run here (:meth:`cosyserve.accel.plan.Plan.describe`),
+    or ``plan_error``: why it cannot run (None, None: not asked).
     """
 
     python: tuple[int, int, int]
@@ -115,9 +123,21 @@ class Facts:
     weights_bytes: tuple[int, int, int] | None
     disk_free_bytes: int | None
     ports: tuple[tuple[str, str, int, str | None], ...]
+    plan: "Plan | None" = None
+    plan_error: str | None = None
+
+    def intent(self, device: str | None, dtype: str | None, quantize: str | None) -> Intent:
+        """What the checks judge: each choice as given, else the plan's, else the default."""
+        precision = None if self.plan is None else self.plan.precision
+        planned = (
+            Intent()
+            if precision is None
+            else Intent("cuda" if precision.on_cuda else "cpu", str(precision.dtype), str(precision.quantize))
+        )
+        return Intent(device or planned.device, dtype or planned.dtype, quantize or planned.quantize)
 
 
-def gpu_memory_needed(weights: tuple[int, int, int], plan: Plan) -> int:
+def gpu_memory_needed(weights: tuple[int, int, int], plan: Intent) -> int:
     """Rough bytes of GPU memory a server process needs: weights at the planned width
     (HiFT stays float32; quantization shrinks the LM's decoder layers) plus overhead."""
     lm, flow, hift = weights
@@ -127,9 +147,10 @@ def gpu_memory_needed(weights: tuple[int, int, int], plan: Plan) -> int:
     return int(lm_bytes + flow * width + hift) + _GPU_OVERHEAD
 
 
-def evaluate(facts: Facts, plan: Plan) -> list[Check]:
+def evaluate(facts: Facts, plan: Intent) -> list[Check]:
     """Every check, in a fixed order."""
     return [
+        *_plan(facts),
         _python(facts),
         _torch(facts),
         _gpu(facts, plan),
@@ -163,6 +184,15 @@ def render(checks: list[Check]) -> str:
 # -- the checks ---------------------------------------------------------------------------
 
 
+def _plan(f: Facts) -> list[Check]:
+    if f.plan_error is not None:
+        return [Check("plan", Status.FAIL, f.plan_error)]
+    if f.plan is None:
+        return []
+    status = Status.WARN if f.plan.warnings else Status.OK
+    return [Check("plan", status, f.plan.describe(), "; ".join(f.plan.warnings))]
+
+
 def _python(f: Facts) -> Check:
     version = ".".join(map(str, f.python))
     detail = f"Python {version} on {f.platform}"
@@ -185,7 +215,7 @@ def _torch(f: Facts) -> Check:
     return Check("torch", Status.OK, detail)
 
 
-def _gpu(f: Facts, plan: Plan) -> Check:
+def _gpu(f: Facts, plan: Intent) -> Check:
     if f.gpus:
         first = f.gpus[0]
         count = f"{len(f.gpus)} x " if len(f.gpus) > 1 else ""
@@ -212,7 +242,7 @@ def _gpu(f: Facts, plan: Plan) -> Check:
     return Check("gpu", status, detail + ("; running on CPU" if status is Status.WARN else ""), advice)
 
 
-def _driver(f: Facts, plan: Plan) -> Check:
+def _driver(f: Facts, plan: Intent) -> Check:
     if f.driver_version is None:
         if f.gpus:
             return Check("driver", Status.WARN, "version unknown (no nvidia-smi)", "put nvidia-smi on PATH")
@@ -241,7 +271,7 @@ def _driver(f: Facts, plan: Plan) -> Check:
     return Check("driver", Status.OK, detail)
 
 
-def _precision(f: Facts, plan: Plan) -> Check:
+def _precision(f: Facts, plan: Intent) -> Check:
     on_gpu = bool(f.gpus) and plan.device != "cpu"
     detail = f"{plan.dtype}, quantization {plan.quantize}, on {'cuda' if on_gpu else 'cpu'}"
     if plan.dtype not in _WIDTH or plan.quantize not in ("none", *_QUANT_WIDTH):
@@ -365,13 +395,23 @@ def _version(text: str) -> tuple[int, ...]:
 # -- gathering facts ----------------------------------------------------------------------
 
 
-def gather(model_dir: Path, host: str, ports: list[tuple[str, int]], *, verify_hashes: bool = True) -> Facts:
-    """Look at this machine. ``ports``: (label, port) pairs; port 0 is skipped."""
+def gather(
+    model_dir: Path,
+    host: str,
+    ports: list[tuple[str, int]],
+    *,
+    verify_hashes: bool = True,
+    profile: Profile = Profile.AUTO,
+    choices: Choices | None = None,
+) -> Facts:
+    """Look at this machine. ``ports``: (label, port) pairs; port 0 is skipped. The plan is
+    ``profile``'s with ``choices``, as ``serve`` would choose it."""
     torch_version, torch_cuda, gpus, cuda_error = _torch_facts()
     driver_version, driver_cuda = _nvidia_smi()
     ort_version, providers = _onnxruntime_facts()
     av_version, unusable = _codec_facts()
     model_error, model_warning, weights = _model_facts(model_dir, verify_hashes)
+    plan, plan_error = _plan_facts(profile, choices or Choices())
     return Facts(
         python=(sys.version_info.major, sys.version_info.minor, sys.version_info.micro),
         system=platform.system(),
@@ -395,6 +435,8 @@ def gather(model_dir: Path, host: str, ports: list[tuple[str, int]], *, verify_h
         weights_bytes=weights,
         disk_free_bytes=_disk_free(model_dir),
         ports=tuple((label, host, port, _port_error(host, port)) for label, port in ports if port),
+        plan=plan,
+        plan_error=plan_error,
     )
 
 
@@ -418,12 +460,24 @@ def _torch_facts() -> tuple[str | None, str | None, tuple[Gpu, ...], str | None]
     return torch.__version__, cuda, tuple(gpus), None
 
 
+def _plan_facts(profile: Profile, choices: Choices) -> "tuple[Plan | None, str | None]":
+    try:
+        from cosyserve.accel.machine import Machine
+        from cosyserve.accel.plan import choose_plan
+    except ImportError:  # no torch: nothing can run, which the torch check reports
+        return None, "no plan without torch"
+    try:
+        return choose_plan(Machine.detect(), profile, choices), None
+    except CosyserveError as exc:
+        return None, str(exc)
+
+
 def _cpu_bf16() -> bool:
     try:
-        from cosyserve.accel.precision import native_cpu_bf16
+        from cosyserve.accel.machine import Machine
     except ImportError:  # no torch: nothing can run, which the torch check reports
         return False
-    return native_cpu_bf16()
+    return Machine.detect().cpu.native_bf16
 
 
 def _nvidia_smi() -> tuple[str | None, str | None]:

@@ -12,6 +12,14 @@ from typing import Annotated
 
 import typer
 
+from cosyserve.accel.precision_choices import Dtype, FlowQuantization, Profile, Quantization
+from cosyserve.cli.precision import (
+    device_option,
+    dtype_option,
+    flow_quantize_option,
+    profile_option,
+    quantize_option,
+)
 from cosyserve.errors import ModelDirError
 
 EXIT_FAILED_CHECKS = 1
@@ -20,12 +28,6 @@ EXIT_FAILED_CHECKS = 1
 class SourceOption(StrEnum):
     huggingface = "huggingface"
     modelscope = "modelscope"
-
-
-class DeviceOption(StrEnum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
 
 
 def register(app: typer.Typer) -> None:
@@ -41,13 +43,13 @@ def download(
         Path | None,
         typer.Option(
             "--dir",
-            help="Target directory [default: $COSYSERVE_MODEL_DIR, else the cache].",
+            help="Target directory (default: $COSYSERVE_MODEL_DIR, else the cache).",
             show_default=False,
         ),
     ] = None,
-    revision: Annotated[str | None, typer.Option(help="Branch, tag or commit [default: main].")] = None,
+    revision: Annotated[str | None, typer.Option(help="Branch, tag or commit (default: main).")] = None,
     endpoint: Annotated[
-        str | None, typer.Option(help="Hub URL, e.g. a mirror [env: HF_ENDPOINT].", show_default=False)
+        str | None, typer.Option(help="Hub URL, e.g. a mirror (env: HF_ENDPOINT).", show_default=False)
     ] = None,
     everything: Annotated[
         bool, typer.Option("--all", help="The whole snapshot, not only the files cosyserve reads.")
@@ -77,7 +79,7 @@ def verify(
     directory: Annotated[
         Path | None,
         typer.Argument(
-            help="Model directory [default: $COSYSERVE_MODEL_DIR, else the cache].", show_default=False
+            help="Model directory (default: $COSYSERVE_MODEL_DIR, else the cache).", show_default=False
         ),
     ] = None,
     hashes: Annotated[bool, typer.Option(help="Hash every file (--no-hashes: names only).")] = True,
@@ -120,34 +122,48 @@ def verify(
 
 
 def doctor(
-    model_dir: Annotated[Path | None, typer.Option(help="Model directory [default: as serve].")] = None,
-    host: Annotated[str | None, typer.Option(help="Listen address [default: as serve].")] = None,
-    port: Annotated[int | None, typer.Option(help="HTTP port [default: as serve].")] = None,
-    grpc_port: Annotated[int | None, typer.Option(help="gRPC port [default: as serve].")] = None,
+    model_dir: Annotated[Path | None, typer.Option(help="Model directory (default: as serve).")] = None,
+    host: Annotated[str | None, typer.Option(help="Listen address (default: as serve).")] = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port (default: as serve).")] = None,
+    grpc_port: Annotated[int | None, typer.Option(help="gRPC port (default: as serve).")] = None,
     config: Annotated[Path | None, typer.Option(help="TOML settings file, as for serve.")] = None,
-    device: Annotated[
-        DeviceOption, typer.Option(help="Where the model is meant to run.")
-    ] = DeviceOption.auto,
-    dtype: Annotated[str, typer.Option(help="fp32|bf16|fp16 (for the GPU memory estimate).")] = "fp32",
-    quantize: Annotated[str, typer.Option(help="none|int8|int8wo|int4.")] = "none",
+    profile: Annotated[Profile | None, profile_option()] = None,
+    device: Annotated[str | None, device_option()] = None,
+    dtype: Annotated[Dtype | None, dtype_option()] = None,
+    quantize: Annotated[Quantization | None, quantize_option()] = None,
+    flow_quantize: Annotated[FlowQuantization | None, flow_quantize_option()] = None,
     hashes: Annotated[bool, typer.Option(help="Hash the model files (--no-hashes: names only).")] = True,
 ) -> None:
     """Check that this machine can serve: OK/WARN/FAIL with advice; exit 1 on any FAIL.
 
-    Python, torch, GPU and driver, precision and GPU memory, onnxruntime, audio codecs,
-    wetext, the model directory, disk and ports.
+    The speed plan serve would run, Python, torch, GPU and driver, precision and GPU memory,
+    onnxruntime, audio codecs, wetext, the model directory, disk and ports.
     """
     import cosyserve.cli.doctor as checks
     from cosyserve.server.settings import Settings
 
-    settings = Settings.load(config, model_dir=model_dir, host=host, port=port, grpc_port=grpc_port)
+    settings = Settings.load(
+        config,
+        model_dir=model_dir,
+        host=host,
+        port=port,
+        grpc_port=grpc_port,
+        profile=profile,
+        device=device,
+        dtype=dtype,
+        quantize=quantize,
+        flow_quantize=flow_quantize,
+    )
     facts = checks.gather(
         settings.model_dir,
         settings.host,
         [("HTTP", settings.port), ("gRPC", settings.grpc_port)],
         verify_hashes=hashes,
+        profile=settings.profile,
+        choices=settings.choices(),
     )
-    results = checks.evaluate(facts, checks.Plan(device=device.value, dtype=dtype, quantize=quantize))
+    intent = facts.intent(settings.device, settings.dtype, settings.quantize)
+    results = checks.evaluate(facts, intent)
     typer.echo(checks.render(results))
     code = checks.exit_code(results)
     if code:

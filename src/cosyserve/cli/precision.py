@@ -1,27 +1,46 @@
-"""The precision options shared by ``serve``, ``synth`` and ``bench engine``.
+"""The profile and precision options shared by ``serve``, ``synth`` and ``bench engine``.
 
-Their choices are the :class:`Dtype`, :class:`Quantization` and :class:`FlowQuantization`
-enums themselves (defined without torch, so ``--help`` stays fast). ``serve`` declares them
-optional, so that a missing flag leaves the setting to the environment or config file; the
-other commands default to the float32 CPU model. Each call makes a fresh option for one parameter.
+Their choices are the :class:`Profile`, :class:`Dtype`, :class:`Quantization` and
+:class:`FlowQuantization` enums themselves (defined without torch, so ``--help`` stays
+fast). Unset, each is the profile's choice (``serve``: from the environment or config file
+first). Each call makes a fresh option for one parameter; ``panel`` groups it in ``--help``.
 """
 
 from typing import Any
 
 import typer
 
-
-def dtype_option() -> Any:
-    return typer.Option(help="LM and flow dtype; fp16 needs CUDA (HiFT stays fp32).")
+_PROFILES = "(default: the profile's)"
 
 
-def quantize_option() -> Any:
-    return typer.Option(help="LM weight quantization; int4 needs CUDA.")
+def profile_option(panel: str | None = None) -> Any:
+    return typer.Option(
+        help="auto: the fastest plan measured for this machine; fast; exact: float32, upstream's "
+        "output (default: auto).",
+        rich_help_panel=panel,
+    )
 
 
-def flow_quantize_option() -> Any:
-    return typer.Option(help="Flow estimator weights: fp16 stores them half-size (CPU, fp32 flow).")
+def dtype_option(panel: str | None = None) -> Any:
+    return typer.Option(
+        help="LM and flow dtype; fp16 needs CUDA (default: the profile's).", rich_help_panel=panel
+    )
 
 
-def device_option() -> Any:
-    return typer.Option(help="Device of the model and KV cache: cpu or cuda[:N].")
+def quantize_option(panel: str | None = None) -> Any:
+    return typer.Option(
+        help="LM weight quantization; int4 needs CUDA (default: the profile's).", rich_help_panel=panel
+    )
+
+
+def flow_quantize_option(panel: str | None = None) -> Any:
+    return typer.Option(
+        help=f"Flow weights: fp16 stores them half-size (CPU, fp32 flow) {_PROFILES}.",
+        rich_help_panel=panel,
+    )
+
+
+def device_option(panel: str | None = None) -> Any:
+    return typer.Option(
+        help="cpu or cuda[:N] (default: the profile's: a GPU if there is one).", rich_help_panel=panel
+    )

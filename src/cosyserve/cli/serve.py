@@ -13,56 +13,102 @@ from typing import Annotated
 
 import typer
 
-from cosyserve.accel.precision_choices import Dtype, FlowQuantization, Quantization
-from cosyserve.cli.precision import device_option, dtype_option, flow_quantize_option, quantize_option
+from cosyserve.accel.precision_choices import Dtype, FlowQuantization, Profile, Quantization
+from cosyserve.cli.precision import (
+    device_option,
+    dtype_option,
+    flow_quantize_option,
+    profile_option,
+    quantize_option,
+)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
     from cosyserve.server.settings import settings_reference
 
-    lines = [f"{name} ({env}) = {default}: {text}" for name, env, default, text in settings_reference()]
-    epilog = "Every setting (TOML key, environment variable, default):\n\n" + "\n\n".join(lines)
+    sections = []
+    for group, rows in settings_reference():
+        lines = [f"{name} ({env}) = {default}: {text}" for name, env, default, text in rows]
+        sections.append(f"{group.upper()}\n\n" + "\n\n".join(lines))
+    epilog = "Every setting (TOML key, environment variable, default), by group:\n\n" + "\n\n".join(sections)
     app.command("serve", epilog=epilog)(serve)
 
 
+_MODEL, _SERVER, _LIMITS, _AUTH, _LOGGING = "Model", "Server", "Limits", "Auth", "Logging"
+
+
 def serve(
-    model_dir: Annotated[Path | None, typer.Option(help="CosyVoice2-0.5B model directory.")] = None,
-    host: Annotated[str | None, typer.Option(help="Listen address [default: 127.0.0.1].")] = None,
-    port: Annotated[int | None, typer.Option(help="HTTP port; 0: any free one [default: 8000].")] = None,
-    grpc_port: Annotated[int | None, typer.Option(help="gRPC port; 0 disables [default: 50051].")] = None,
-    workers: Annotated[int | None, typer.Option(help="Server processes [default: 1].")] = None,
-    config: Annotated[
-        Path | None, typer.Option(help="TOML settings file [env: COSYSERVE_CONFIG].", show_default=False)
+    model_dir: Annotated[
+        Path | None, typer.Option(help="CosyVoice2-0.5B model directory.", rich_help_panel=_MODEL)
     ] = None,
-    max_active: Annotated[int | None, typer.Option(help="Concurrent syntheses per process.")] = None,
-    max_queued: Annotated[int | None, typer.Option(help="Queued requests beyond that (429 past).")] = None,
-    deadline: Annotated[float | None, typer.Option(help="Per-request limit in seconds; 0: none.")] = None,
-    max_text_chars: Annotated[int | None, typer.Option(help="Longest input of /v1/audio/speech.")] = None,
-    voices_db: Annotated[Path | None, typer.Option(help="SQLite file of registered voices.")] = None,
+    profile: Annotated[Profile | None, profile_option(_MODEL)] = None,
+    dtype: Annotated[Dtype | None, dtype_option(_MODEL)] = None,
+    quantize: Annotated[Quantization | None, quantize_option(_MODEL)] = None,
+    flow_quantize: Annotated[FlowQuantization | None, flow_quantize_option(_MODEL)] = None,
+    device: Annotated[str | None, device_option(_MODEL)] = None,
+    default_voice: Annotated[
+        str | None,
+        typer.Option(
+            help="Voice of requests that name none (default: the first built-in).", rich_help_panel=_MODEL
+        ),
+    ] = None,
+    voices_db: Annotated[
+        Path | None, typer.Option(help="SQLite file of registered voices.", rich_help_panel=_MODEL)
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Listen address (default: 127.0.0.1).", rich_help_panel=_SERVER)
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="HTTP port; 0: any free one (default: 8000).", rich_help_panel=_SERVER)
+    ] = None,
+    grpc_port: Annotated[
+        int | None, typer.Option(help="gRPC port; 0 disables (default: 50051).", rich_help_panel=_SERVER)
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="Server processes (default: 1).", rich_help_panel=_SERVER)
+    ] = None,
     shutdown_grace: Annotated[
-        float | None, typer.Option(help="Seconds in-flight requests get on SIGTERM.")
+        float | None, typer.Option(help="Seconds in-flight requests get on SIGTERM.", rich_help_panel=_SERVER)
     ] = None,
-    log_level: Annotated[str | None, typer.Option(help="critical|error|warning|info|debug.")] = None,
-    log_format: Annotated[str | None, typer.Option(help="json|text [default: json].")] = None,
-    log_text_chars: Annotated[
-        int | None, typer.Option(help="Characters of request text in the log [default: 0].")
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            help="TOML settings file (env: COSYSERVE_CONFIG).", show_default=False, rich_help_panel=_SERVER
+        ),
+    ] = None,
+    max_active: Annotated[
+        int | None, typer.Option(help="Concurrent syntheses per process.", rich_help_panel=_LIMITS)
+    ] = None,
+    max_queued: Annotated[
+        int | None, typer.Option(help="Queued requests beyond that (429 past).", rich_help_panel=_LIMITS)
+    ] = None,
+    deadline: Annotated[
+        float | None, typer.Option(help="Per-request limit in seconds; 0: none.", rich_help_panel=_LIMITS)
+    ] = None,
+    max_text_chars: Annotated[
+        int | None, typer.Option(help="Longest input of /v1/audio/speech.", rich_help_panel=_LIMITS)
     ] = None,
     auth_mode: Annotated[
-        str | None, typer.Option(help="on: credentials required (auth_* settings); none: open [default: on].")
+        str | None,
+        typer.Option(
+            help="on: credentials required (auth_* settings); none: open (default: on).",
+            rich_help_panel=_AUTH,
+        ),
     ] = None,
-    dtype: Annotated[Dtype | None, dtype_option()] = None,
-    quantize: Annotated[Quantization | None, quantize_option()] = None,
-    flow_quantize: Annotated[FlowQuantization | None, flow_quantize_option()] = None,
-    device: Annotated[str | None, device_option()] = None,
-    compile: Annotated[
-        bool | None,
-        typer.Option("--compile/--no-compile", help="torch.compile the LM's MLPs (unquantized LM only)."),
+    log_level: Annotated[
+        str | None, typer.Option(help="critical|error|warning|info|debug.", rich_help_panel=_LOGGING)
+    ] = None,
+    log_text_chars: Annotated[
+        int | None,
+        typer.Option(help="Characters of request text in the log (default: 0).", rich_help_panel=_LOGGING),
     ] = None,
 ) -> None:
-    """Run the speech server (OpenAI-compatible HTTP API, and gRPC)."""
+    """Run the speech server (OpenAI-compatible HTTP API, and gRPC). Every setting is also a
+    COSYSERVE_* variable and a key of the --config file (listed below)."""
     # Imported here so that other commands (and --help) do not pay for the server stack.
-    from cosyserve.accel.precision import Precision
+    from cosyserve.accel.machine import Machine
+    from cosyserve.accel.plan import choose_plan
     from cosyserve.paths import require_model_dir
     from cosyserve.server.runner import run
     from cosyserve.server.settings import Settings
@@ -70,30 +116,27 @@ def serve(
     settings = Settings.load(
         config,
         model_dir=model_dir,
-        host=host,
-        port=port,
-        grpc_port=grpc_port,
-        workers=workers,
-        max_active=max_active,
-        max_queued=max_queued,
-        deadline_s=deadline,
-        max_text_chars=max_text_chars,
-        voices_db=voices_db,
-        shutdown_grace_s=shutdown_grace,
-        log_level=log_level,
-        log_format=log_format,
-        log_text_chars=log_text_chars,
-        auth_mode=auth_mode,
+        profile=profile,
         dtype=dtype,
         quantize=quantize,
         flow_quantize=flow_quantize,
         device=device,
-        compile=compile,
+        default_voice=default_voice,
+        voices_db=voices_db,
+        host=host,
+        port=port,
+        grpc_port=grpc_port,
+        workers=workers,
+        shutdown_grace_s=shutdown_grace,
+        max_active=max_active,
+        max_queued=max_queued,
+        deadline_s=deadline,
+        max_text_chars=max_text_chars,
+        auth_mode=auth_mode,
+        log_level=log_level,
+        log_text_chars=log_text_chars,
     )
     require_model_dir(settings.model_dir)  # a wrong path fails here, in one line
-    # So does a precision this machine cannot run (e.g. fp16 on CPU), before any worker starts.
-    Precision.resolve(
-        settings.dtype, settings.quantize, settings.device, settings.compile, settings.flow_quantize
-    )
-
+    # So does a choice this machine cannot run (e.g. fp16 on CPU), before any worker starts.
+    choose_plan(Machine.detect(), settings.profile, settings.choices())
     run(settings)

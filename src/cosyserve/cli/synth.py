@@ -24,8 +24,14 @@ from typer._click.core import Context  # typer 0.29 vendors click and re-exports
 from typer._click.exceptions import UsageError
 from typer.core import TyperCommand
 
-from cosyserve.accel.precision_choices import Dtype, FlowQuantization, Quantization
-from cosyserve.cli.precision import device_option, dtype_option, flow_quantize_option, quantize_option
+from cosyserve.accel.precision_choices import Choices, Dtype, FlowQuantization, Profile, Quantization
+from cosyserve.cli.precision import (
+    device_option,
+    dtype_option,
+    flow_quantize_option,
+    profile_option,
+    quantize_option,
+)
 from cosyserve.cli.synth_report import StageCounters, SynthReport
 from cosyserve.errors import InvalidRequestError, PromptAudioError
 from cosyserve.paths import default_model_dir, require_model_dir
@@ -101,10 +107,8 @@ class Job:
     min_tokens: int | None
     max_tokens: int | None
     first_hop: int | None
-    dtype: Dtype
-    quantize: Quantization
-    flow_quantize: FlowQuantization
-    device: str
+    profile: Profile
+    choices: Choices
 
 
 class _OneLineErrors(TyperCommand):
@@ -163,10 +167,11 @@ def synth(
     tokens: Annotated[
         int | None, typer.Option(min=1, help="Exactly N speech tokens (N x 0.04 s) per sentence.")
     ] = None,
-    dtype: Annotated[Dtype, dtype_option()] = Dtype.FP32,
-    quantize: Annotated[Quantization, quantize_option()] = Quantization.NONE,
-    flow_quantize: Annotated[FlowQuantization, flow_quantize_option()] = FlowQuantization.NONE,
-    device: Annotated[str, device_option()] = "cpu",
+    profile: Annotated[Profile, profile_option()] = Profile.AUTO,
+    dtype: Annotated[Dtype | None, dtype_option()] = None,
+    quantize: Annotated[Quantization | None, quantize_option()] = None,
+    flow_quantize: Annotated[FlowQuantization | None, flow_quantize_option()] = None,
+    device: Annotated[str | None, device_option()] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Synthesise TEXT into a WAV file and report the time spent in each stage."""
@@ -206,10 +211,8 @@ def synth(
         min_tokens=min_tokens,
         max_tokens=max_tokens,
         first_hop=first_hop,
-        dtype=dtype,
-        quantize=quantize,
-        flow_quantize=flow_quantize,
-        device=device,
+        profile=profile,
+        choices=Choices(dtype, quantize, flow_quantize, device),
     )
     report = run(root, job, output)
     if as_json:
@@ -262,9 +265,7 @@ def run(root: Path, job: Job, output: Path) -> SynthReport:
         raise InvalidRequestError("--speed is only supported without --stream")
 
     start = time.perf_counter()
-    synth = Synthesizer.from_model_dir(
-        root, dtype=job.dtype, quantize=job.quantize, device=job.device, flow_quantize=job.flow_quantize
-    )
+    synth = Synthesizer.from_model_dir(root, profile=job.profile, choices=job.choices)
     model_load_s = time.perf_counter() - start
     max_len = synth.engine.config.max_len
     if job.max_tokens is not None and job.max_tokens > max_len:
@@ -310,7 +311,7 @@ def run(root: Path, job: Job, output: Path) -> SynthReport:
         text_frontend_s=frontend_s - prompt_features_s,
         engine=StageCounters.between(before, synth.engine.stats.snapshot()),
         peak_rss_mib=_peak_rss_mib(),
-        precision=synth.model.precision.describe(),
+        precision=synth.model.plan.describe(),
         kv_cache_dtype=str(synth.engine.lm_runner.cache.k.dtype).removeprefix("torch."),
     )
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from cosyserve.engine.admission import Admission
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.request import GenerationSpec, StepOutput
-from cosyserve.engine.scheduler import OverloadedError
 from cosyserve.errors import CosyserveError, InvalidRequestError
 from cosyserve.memory import pretouch, retain_freed_memory
 from cosyserve.parallelism import pin_torch_threads
@@ -73,6 +73,8 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self.error: BaseException | None = None
+        # The process's one gate: requests held, from admission to their last chunk.
+        self.admission = Admission(engine.config.max_active + engine.config.max_waiting)
 
     @property
     def alive(self) -> bool:
@@ -101,20 +103,29 @@ class AsyncEngine:
         with self._cond:
             return len(self._streams)
 
-    async def generate(self, spec: GenerationSpec) -> AsyncGenerator[AudioChunk, None]:
+    async def generate(
+        self, spec: GenerationSpec, admitted: bool = False
+    ) -> AsyncGenerator[AudioChunk, None]:
         """Submit ``spec`` and yield its audio as it is made. Raises the request's
-        :class:`CosyserveError` if it fails. Leaving the iteration early (a client that
-        disconnects, a cancelled task) aborts the request in the engine."""
+        :class:`CosyserveError` if it fails, and :class:`OverloadedError` at once when
+        :attr:`admission` has no place (unless ``admitted``: the caller holds one). Leaving
+        the iteration early (a client that disconnects, a cancelled task) aborts the
+        request in the engine."""
+        if admitted:
+            async for chunk in self._generate(spec):
+                yield chunk
+            return
+        with self.admission.place():
+            async for chunk in self._generate(spec):
+                yield chunk
+
+    async def _generate(self, spec: GenerationSpec) -> AsyncGenerator[AudioChunk, None]:
         if not self.alive:
             raise EngineDeadError("the synthesis engine is not running")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        config = self.engine.config
         with self._cond:
             if spec.request_id in self._streams:
                 raise InvalidRequestError(f"request id {spec.request_id!r} is already in use")
-            # Refused here, at once, rather than after the engine thread's current step.
-            if len(self._streams) >= config.max_active + config.max_waiting:
-                raise OverloadedError("the server is at capacity; retry later")
             self._streams[spec.request_id] = stream
             self._pending_add.append(spec)
             self._cond.notify_all()

@@ -4,7 +4,8 @@ from dataclasses import dataclass
 
 import torch
 
-from cosyserve.engine.flow_cache_mode import FLOW_CACHE_MODES, FlowCacheMode, flow_prompt_whole_problem
+from cosyserve.accel.flow_cache_mode import FLOW_CACHE_MODES, FlowCacheMode, flow_prompt_whole_problem
+from cosyserve.engine.admission import DEFAULT_MAX_ACTIVE, DEFAULT_MAX_WAITING
 
 __all__ = ["FLOW_CACHE_MODES", "EngineConfig", "FlowCacheMode"]
 
@@ -14,7 +15,8 @@ class EngineConfig:
     """How much the engine holds and does per step.
 
     ``max_active``: requests holding an LM KV-cache slot at once (the decode batch bound).
-    ``max_waiting``: requests queued beyond those; more are refused (overload).
+    ``max_waiting``: requests queued beyond those; more are refused at admission
+    (:mod:`cosyserve.engine.admission`, which holds both defaults).
     ``max_len``: LM positions per sequence (prompt + text + generated tokens).
     ``prefill_chunk``: LM prefill positions per step, so a long prompt cannot stall
     everyone's decode for long.
@@ -72,13 +74,19 @@ class EngineConfig:
     2.4 against 2.6 s, the same bits, for 4.5 s of start-up and about 230 MiB
     (``benchmarks/traced_flow.py``, docs/benchmarks.md, "Traced flow steps").
     Ignored elsewhere and with ``flow_cache = "exact"``.
+    ``first_hop``: tokens in a stream's first chunk when its request names none (None:
+    upstream's, the first hop padded to the 25-token block grid).
+    ``hop_growth``: upstream's schedule from its commit ace7c47 on, per request: each
+    chunk's hop doubles up to 100 tokens (25, 50, 100, ...). Off, the hop stays 25: with
+    the incremental flow cache a chunk costs its own tokens, so short hops cost no more in
+    all and keep the audio flowing evenly.
     ``pretouch_mb``: MiB of memory the engine's thread faults in when it starts and keeps
     for its tensors (``cosyserve.memory.pretouch``), so that the first burst of streams'
     flow caches finds it resident; the process's RSS starts that much higher. 0: none.
     """
 
-    max_active: int = 16
-    max_waiting: int = 64
+    max_active: int = DEFAULT_MAX_ACTIVE
+    max_waiting: int = DEFAULT_MAX_WAITING
     max_len: int = 2048
     prefill_chunk: int = 256
     token2wav_batch: int = 8
@@ -93,6 +101,8 @@ class EngineConfig:
     traced_decode: bool = True
     traced_flow: bool = True
     pretouch_mb: int = 0
+    first_hop: int | None = None
+    hop_growth: bool = False
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
 
@@ -109,6 +119,8 @@ class EngineConfig:
         for name in ("flow_prompt_cache_mb", "flow_stream_cache_mb", "pretouch_mb", "flow_stream_rows"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
+        if self.first_hop is not None and self.first_hop < 1:
+            raise ValueError("first_hop must be at least 1")
         problem = flow_prompt_whole_problem(
             self.flow_prompt_whole, self.flow_cache, self.flow_prompt_cache_mb
         )

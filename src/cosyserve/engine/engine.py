@@ -11,7 +11,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from cosyserve.engine.chunking import ChunkSchedule
+from cosyserve.engine.chunking import UPSTREAM_MAX_HOP, ChunkSchedule
 from cosyserve.engine.config import EngineConfig
 from cosyserve.engine.decode_graphs import Capture, CudaGraphCapture, DecodeGraphs, TraceCapture
 from cosyserve.engine.lm_runner import LMRunner, NumericalError
@@ -127,7 +127,7 @@ class Engine:
     # -- requests ---------------------------------------------------------------------------
 
     def add(self, spec: GenerationSpec) -> None:
-        """Queue a request. Raises OverloadedError when the wait queue is full."""
+        """Queue a request (admission decides how many: :mod:`cosyserve.engine.admission`)."""
         if spec.request_id in self._requests:
             raise InvalidRequestError(f"request id {spec.request_id!r} is already in use")
         if not spec.segments:
@@ -175,8 +175,13 @@ class Engine:
     def _segment_state(self, spec: GenerationSpec, index: int) -> SegmentState:
         segment = spec.segments[index]
         prompt_tokens = int(spec.flow_prompt_tokens.numel())
+        first_hop = spec.first_hop if spec.first_hop is not None else self.config.first_hop
         schedule = ChunkSchedule(
-            prompt_tokens, hop=self._hop, lookahead=self._lookahead, first_hop=spec.first_hop
+            prompt_tokens,
+            hop=self._hop,
+            lookahead=self._lookahead,
+            first_hop=first_hop,
+            max_hop=UPSTREAM_MAX_HOP if self.config.hop_growth else None,
         )
         if segment.speech_tokens is not None:
             return SegmentState(segment, schedule, None, tokens=list(segment.speech_tokens), lm_done=True)

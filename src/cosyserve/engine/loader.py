@@ -2,17 +2,19 @@
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from cosyserve.accel.flow_cache_mode import flow_prompt_whole_problem
 from cosyserve.accel.lm_compile import compile_lm_
+from cosyserve.accel.machine import Machine
+from cosyserve.accel.plan import Choices, DecodeCapture, Plan, Profile, choose_plan
 from cosyserve.accel.precision import Dtype, FlowQuantization, Precision, Quantization
 from cosyserve.accel.quantize import fp16_weights_, quantize_lm_
 from cosyserve.engine.config import EngineConfig
-from cosyserve.engine.flow_cache_mode import FlowCacheMode, default_flow_cache
 from cosyserve.frontend.features import PromptFeatureExtractor
 from cosyserve.frontend.text_tokenizer import TextTokenizer
 from cosyserve.memory import prefetch
@@ -34,8 +36,8 @@ class LoadedModel:
     """Everything shared between requests: weights, tokenizer, feature sessions, speakers.
 
     ``speakers``: ``spk2info.pt`` embeddings, name -> (192,) float32.
-    ``precision``: how the modules are stored and run; an engine's KV cache must use
-    ``precision.kv_cache_dtype`` on ``precision.device``.
+    ``plan``: how the modules are stored and run (:class:`~cosyserve.accel.plan.Plan`);
+    an engine's KV cache must use ``precision.kv_cache_dtype`` on ``precision.device``.
     """
 
     model_dir: ModelDir
@@ -46,45 +48,55 @@ class LoadedModel:
     tokenizer: TextTokenizer
     features: PromptFeatureExtractor
     speakers: dict[str, torch.Tensor]
-    precision: Precision = field(default_factory=Precision)
+    plan: Plan
+
+    @property
+    def precision(self) -> Precision:
+        return self.plan.precision
 
 
 def load_model(
     path: Path | str,
+    plan: Plan | None = None,
     *,
-    dtype: Dtype | str = Dtype.FP32,
-    quantize: Quantization | str = Quantization.NONE,
-    device: str = "cpu",
-    compile: bool = False,
-    flow_quantize: FlowQuantization | str = FlowQuantization.NONE,
     threads: int | None = None,
+    dtype: Dtype | str | None = None,
+    quantize: Quantization | str | None = None,
+    flow_quantize: FlowQuantization | str | None = None,
+    device: str | None = None,
+    compile: bool = False,
 ) -> LoadedModel:
-    """Validate and load the model directory at ``path`` in eval mode.
+    """Validate and load the model directory at ``path`` in eval mode, as ``plan`` says.
 
-    ``dtype``, ``quantize``, ``device``, ``compile`` and ``flow_quantize`` select the precision (see
-    :class:`~cosyserve.accel.precision.Precision`; the defaults give the float32 CPU
-    model). Raises :class:`~cosyserve.accel.precision.PrecisionError` for a setting this
-    machine cannot run, before reading any weights, and
-    :class:`~cosyserve.errors.ModelDirError` (or its ``CheckpointError``) with a message
-    naming what is wrong with the directory.
+    Without a plan: the ``exact`` profile on this machine with the given choices
+    (:func:`~cosyserve.accel.plan.choose_plan`; no choices give the float32 parity model).
+    Raises :class:`~cosyserve.accel.precision.PrecisionError` for a choice this machine
+    cannot run, before reading any weights, and :class:`~cosyserve.errors.ModelDirError`
+    (or its ``CheckpointError``) with a message naming what is wrong with the directory.
 
     The tensor work runs on a thread of its own with ``threads`` torch threads (None:
-    the calling thread's count), which exits when loading ends: see
-    :mod:`cosyserve.parallelism` for why the caller's thread must not keep a pool.
+    the plan's count), which exits when loading ends: see :mod:`cosyserve.parallelism`
+    for why the caller's thread must not keep a pool.
     """
-    count = torch.get_num_threads() if threads is None else threads
-    precision = Precision.resolve(dtype, quantize, device, compile, flow_quantize)
-    for line in precision.advice():
+    if plan is None:
+        choices = Choices(dtype, quantize, flow_quantize, device, compile)
+        plan = choose_plan(Machine.detect(), Profile.EXACT, choices)
+    elif (dtype, quantize, flow_quantize, device, compile) != (None, None, None, None, False):
+        raise TypeError("pass precision choices or a plan, not both")
+    for line in plan.warnings:
         logger.warning(line)
-    return call_on_own_thread(lambda: _load_model(path, precision), threads=count, name="cosyserve-load")
+    count = plan.threads if threads is None else threads
+    resolved = plan
+    return call_on_own_thread(lambda: _load_model(path, resolved), threads=count, name="cosyserve-load")
 
 
-def _load_model(path: Path | str, precision: Precision) -> LoadedModel:
+def _load_model(path: Path | str, plan: Plan) -> LoadedModel:
     start = time.perf_counter()
+    precision = plan.precision
     model_dir = ModelDir.open(path)
     hp = model_dir.hparams()
     tokenizer = model_dir.text_tokenizer()
-    lm = _load_lm(model_dir, hp, precision)
+    lm = _load_lm(model_dir, hp, plan)
     # On the meta device, as the LM: no random initial weights (its fixed noise is made on
     # the CPU), and in its dtype, so that each weight is converted as it is read.
     with torch.device("meta"):
@@ -95,9 +107,10 @@ def _load_model(path: Path | str, precision: Precision) -> LoadedModel:
     flow.fuse_projections_()
     if precision.flow_quantize is FlowQuantization.FP16:
         fp16_weights_(flow.cfm.estimator)
-    elif precision.flow_dtype == torch.bfloat16 and not precision.on_cuda:
+    elif plan.packed_bf16:
         pack_linears_(flow.cfm.estimator)
         pack_convs_(flow.cfm.estimator)
+    flow.use_fused_bf16_attention_(plan.fused_bf16_attention)
     hift = HiFTGenerator(hp.hift)
     load_checkpoint(hift, model_dir.hift, hift_checkpoint_table(hp.hift))
     hift.to(precision.torch_device, precision.hift_dtype)
@@ -113,35 +126,39 @@ def _load_model(path: Path | str, precision: Precision) -> LoadedModel:
         tokenizer=tokenizer,
         features=PromptFeatureExtractor.from_model_dir(model_dir.root),
         speakers=speakers,
-        precision=precision,
+        plan=plan,
     )
     logger.info("loaded %s, %s, in %.1f s", model_dir.root, precision.describe(), time.perf_counter() - start)
     return model
 
 
-def engine_config_for(
-    model: LoadedModel, flow_cache: FlowCacheMode | None = None, **overrides: Any
-) -> EngineConfig:
-    """Engine options for ``model``: its KV cache in ``model.precision.kv_cache_dtype`` on
-    ``model.precision.device``, so a bf16 model gets a bf16 cache; ``flow_cache`` None is
-    the device's default (:func:`default_flow_cache`); ``overrides`` set the other
-    :class:`EngineConfig` fields (``max_active``, ...), not dtype and device.
-
-    A compiled LM's decode steps are not traced (``traced_decode`` is off whatever the
-    overrides say): TorchScript cannot trace the compiled modules, and they already run
-    their ops without Python in between."""
-    precision = model.precision
-    if precision.compile:
-        overrides["traced_decode"] = False
-    return EngineConfig(
-        dtype=precision.kv_cache_dtype,
-        device=precision.device,
-        flow_cache=flow_cache or default_flow_cache(precision.device),
+def engine_config_for(model: LoadedModel, **overrides: Any) -> EngineConfig:
+    """Engine options for ``model`` as its plan says: the KV cache in
+    ``precision.kv_cache_dtype`` on ``precision.device`` (a bf16 model gets a bf16 cache),
+    decode-step replay, flow traces, the streaming flow cache and chunk schedule.
+    ``overrides`` set any other :class:`EngineConfig` field (``max_active``, ...) or
+    replace a plan's choice (tests and benchmarks compare them)."""
+    plan = model.plan
+    options: dict[str, Any] = {
+        "dtype": plan.precision.kv_cache_dtype,
+        "device": plan.precision.device,
+        "cuda_graphs": plan.decode_capture is DecodeCapture.CUDA_GRAPHS,
+        "traced_decode": plan.decode_capture is DecodeCapture.TRACE,
+        "traced_flow": plan.traced_flow,
+        "flow_cache": plan.flow_cache,
+        "first_hop": plan.first_hop,
+        "hop_growth": plan.hop_growth,
         **overrides,
+    }
+    # Priming whole prompts needs a prompt cache, which an operator may have set to none.
+    whole_possible = not flow_prompt_whole_problem(
+        True, options["flow_cache"], options.get("flow_prompt_cache_mb", EngineConfig.flow_prompt_cache_mb)
     )
+    options.setdefault("flow_prompt_whole", plan.flow_prompt_whole and whole_possible)
+    return EngineConfig(**options)
 
 
-def _load_lm(model_dir: ModelDir, hp: ModelHParams, precision: Precision) -> CosyVoice2LM:
+def _load_lm(model_dir: ModelDir, hp: ModelHParams, plan: Plan) -> CosyVoice2LM:
     """The LM in ``precision.lm_dtype`` on its device, quantized as asked.
 
     Built on the meta device, so no random initial weights are allocated: loading assigns
@@ -149,12 +166,13 @@ def _load_lm(model_dir: ModelDir, hp: ModelHParams, precision: Precision) -> Cos
     and quantization then replaces the decoder Linears one by one. Compilation (if asked)
     comes last, on the final weights.
     """
+    precision = plan.precision
     with torch.device("meta"):
         lm = CosyVoice2LM(hp.lm)
     lm.to(precision.lm_dtype)
     load_checkpoint(lm, model_dir.llm, lm_checkpoint_table(hp.lm))
     lm.to(precision.torch_device)
-    quantize_lm_(lm, precision)
+    quantize_lm_(lm, precision, native=plan.native_int8, onednn=plan.onednn_int8)
     lm.lay_out_head_for_decode_()
     lm.eval().requires_grad_(False)
     # Memory-mapped in float32 and read a few rows per request: have its file read now.

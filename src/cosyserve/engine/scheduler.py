@@ -6,15 +6,8 @@ from collections import deque
 from cosyserve.engine.chunking import Chunk
 from cosyserve.engine.config import EngineConfig
 from cosyserve.engine.request import Phase, Request, SegmentState
-from cosyserve.errors import CosyserveError
 
 _NEEDS_SLOT = frozenset({Phase.WAITING, Phase.PREFILL, Phase.DECODE})
-
-
-class OverloadedError(CosyserveError):
-    """The engine's wait queue is full; the caller should retry later."""
-
-    code = "overloaded"
 
 
 class Scheduler:
@@ -29,11 +22,8 @@ class Scheduler:
         return len(self.waiting) + len(self.running)
 
     def add(self, request: Request) -> None:
-        """Queue ``request``; raises :class:`OverloadedError` when the engine already holds
-        ``max_active + max_waiting`` requests. Requests past the LM (still vocoding) count
-        too, so that a token2wav backlog cannot grow without bound."""
-        if len(self) >= self.config.max_active + self.config.max_waiting:
-            raise OverloadedError("the server is at capacity; retry later")
+        """Queue ``request``. How many may be held is decided before, at admission
+        (:mod:`cosyserve.engine.admission`)."""
         self.waiting.append(request)
 
     def remove(self, request: Request) -> None:

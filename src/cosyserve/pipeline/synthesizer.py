@@ -1,6 +1,6 @@
 """The public Python API: text (+ a voice) in, 24 kHz float32 audio out.
 
-    synth = Synthesizer.from_model_dir("pretrained_models/CosyVoice2-0.5B")
+    synth = Synthesizer.from_model_dir("pretrained_models/CosyVoice2-0.5B")  # the fastest plan here
     voice = synth.voice_from_audio("prompt.wav", prompt_text="希望你以后能够做的比我还好呦。")
     audio = synth.synthesize(SynthesisRequest("你好。", Mode.ZERO_SHOT, voice=voice))
     for chunk in synth.stream(SynthesisRequest("你好。", Mode.ZERO_SHOT, voice=voice, stream=True)):
@@ -14,13 +14,15 @@ engine between requests through :class:`~cosyserve.engine.async_engine.AsyncEngi
 """
 
 import dataclasses
+import logging
 import uuid
 from collections.abc import Generator
 from pathlib import Path
 
 import numpy as np
 
-from cosyserve.accel.precision import Dtype, FlowQuantization, Quantization
+from cosyserve.accel.machine import Machine
+from cosyserve.accel.plan import Choices, Profile, choose_plan
 from cosyserve.engine.config import EngineConfig
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.loader import LoadedModel, engine_config_for, load_model
@@ -29,6 +31,8 @@ from cosyserve.frontend.audio import AudioSource
 from cosyserve.pipeline.frontend import Frontend
 from cosyserve.pipeline.request import SynthesisRequest
 from cosyserve.pipeline.voice import VoicePrompt, check_voice_name
+
+logger = logging.getLogger(__name__)
 
 
 class Synthesizer:
@@ -53,19 +57,16 @@ class Synthesizer:
         path: Path | str,
         engine_config: EngineConfig | None = None,
         *,
-        dtype: Dtype | str = Dtype.FP32,
-        quantize: Quantization | str = Quantization.NONE,
-        device: str = "cpu",
-        compile: bool = False,
-        flow_quantize: FlowQuantization | str = FlowQuantization.NONE,
+        profile: Profile | str = Profile.AUTO,
+        choices: Choices | None = None,
     ) -> "Synthesizer":
-        """Load the model at ``path`` in the given precision (see
-        :func:`~cosyserve.engine.loader.load_model`, which raises ``PrecisionError`` for a setting
-        this machine cannot run)."""
-        model = load_model(
-            path, dtype=dtype, quantize=quantize, device=device, compile=compile, flow_quantize=flow_quantize
-        )
-        return cls(model, engine_config)
+        """Load the model at ``path`` as ``profile``'s plan for this machine says, with
+        ``choices`` (dtype, quantization, device) overriding it
+        (:func:`~cosyserve.accel.plan.choose_plan`, which raises ``PrecisionError`` for a
+        choice this machine cannot run). ``profile="exact"`` gives upstream's output."""
+        plan = choose_plan(Machine.detect(), profile, choices)
+        logger.info("plan: %s", plan.describe())
+        return cls(load_model(path, plan), engine_config)
 
     @property
     def sample_rate(self) -> int:

@@ -38,6 +38,16 @@ def check_voice_name(name: str) -> None:
         raise InvalidRequestError("invalid voice name: use 1-64 letters, digits, '_' or '-'")
 
 
+# Names for the usual built-in speakers of the official directories, for clients that
+# cannot type them (URLs, shell scripts).
+VOICE_ALIASES: tuple[tuple[str, str], ...] = (
+    ("zh_female", "中文女"),
+    ("zh_male", "中文男"),
+    ("en_female", "英文女"),
+    ("en_male", "英文男"),
+)
+
+
 class VoiceExistsError(InvalidRequestError):
     """A voice is registered under that name already."""
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import grpc
 
+from cosyserve.engine.admission import OverloadedError
 from cosyserve.engine.async_engine import EngineDeadError
 from cosyserve.engine.engine import DeviceOutOfMemoryError
-from cosyserve.engine.scheduler import OverloadedError
 from cosyserve.errors import CosyserveError, InvalidRequestError
 from cosyserve.models.kv_cache import CacheFullError
 from cosyserve.pipeline.frontend import UnknownSpeakerError

@@ -31,8 +31,9 @@ class GuardedService(SpeechService):
         frontend_threads: int = 2,
         *,
         guard: InputGuard,
+        default_voice: str = "",
     ) -> None:
-        super().__init__(model, engine, voices, limits, frontend_threads)
+        super().__init__(model, engine, voices, limits, frontend_threads, default_voice)
         self.guard = guard
         audio = self.frontend.audio_limits
         self.frontend.audio_limits = dataclasses.replace(

@@ -6,8 +6,12 @@ Runs in the app's background start, so ``/health`` answers meanwhile; hashing th
 """
 
 from cosyserve.modeldir.preflight import check_model_dir
+from cosyserve.paths import cache_dir
 from cosyserve.server.audio_cache import AudioCache
 from cosyserve.server.settings import Settings
+
+# How long a cached result is served: an hour, after which its seed's audio is made anew.
+AUDIO_CACHE_TTL_S = 3600.0
 
 
 def prepare(settings: Settings) -> AudioCache | None:
@@ -18,5 +22,5 @@ def prepare(settings: Settings) -> AudioCache | None:
     if settings.audio_cache_mb == 0:
         return None
     return AudioCache.open(
-        settings.audio_cache_dir, settings.audio_cache_mb << 20, settings.audio_cache_ttl_s, fingerprint
+        cache_dir() / "audio", settings.audio_cache_mb << 20, AUDIO_CACHE_TTL_S, fingerprint
     )

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from cosyserve.errors import CosyserveError
-from cosyserve.logging_setup import log_config
+from cosyserve.logging_setup import default_log_format, log_config
 from cosyserve.server.settings import Settings
 
 if TYPE_CHECKING:
@@ -196,7 +196,7 @@ def _uvicorn_config(settings: Settings, app: Any = None) -> uvicorn.Config:
         app,
         host=settings.host,
         port=settings.port,
-        log_config=log_config(settings.log_level, settings.log_format),
+        log_config=log_config(settings.log_level, default_log_format()),
         access_log=False,  # the request summary line replaces it (no query strings: user text)
         log_level=settings.log_level,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s) + _BACKSTOP_S,

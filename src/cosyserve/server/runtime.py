@@ -18,6 +18,8 @@ from enum import StrEnum
 import grpc
 import torch
 
+from cosyserve.accel.machine import Machine
+from cosyserve.accel.plan import Plan, choose_plan
 from cosyserve.engine.async_engine import AsyncEngine
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.loader import engine_config_for, load_model
@@ -62,6 +64,7 @@ class ServerRuntime:
         self.guard = guard or InputGuard()
         self.grpc_interceptors = grpc_interceptors
         self.phase = Phase.STARTING
+        self.plan: Plan | None = None  # chosen at start
         self.service: SpeechService | None = None
         self._on_fatal = on_fatal
         self._engine: AsyncEngine | None = None
@@ -94,30 +97,15 @@ class ServerRuntime:
         # The event loop never runs model work: the engine's thread gets its torch threads.
         threads = hand_over_threads()
         try:
-            model = await asyncio.to_thread(
-                load_model,
-                settings.model_dir,
-                dtype=settings.dtype,
-                quantize=settings.quantize,
-                flow_quantize=settings.flow_quantize,
-                device=settings.device,
-                compile=settings.compile,
-                threads=threads,
-            )
+            plan = choose_plan(Machine.detect(), settings.profile, settings.choices(), threads)
+            self.plan = plan
+            logger.info("plan: %s", plan.describe())
+            model = await asyncio.to_thread(load_model, settings.model_dir, plan)
             config = engine_config_for(
                 model,
                 max_active=settings.max_active,
                 max_waiting=settings.max_queued,
-                flow_cache=settings.flow_cache,
                 flow_prompt_cache_mb=settings.flow_prompt_cache_mb,
-                flow_prompt_whole=settings.flow_prompt_whole,
-                flow_stream_cache_mb=settings.flow_stream_cache_mb,
-                flow_cache_compact=settings.flow_cache_compact,
-                flow_stream_rows=settings.flow_stream_rows,
-                cuda_graphs=settings.cuda_graphs,
-                traced_decode=settings.traced_decode,
-                traced_flow=settings.traced_flow,
-                pretouch_mb=settings.pretouch_mb,
             )
             # Off the event loop: the engine captures its decode steps as it is made.
             engine = await asyncio.to_thread(Engine, model.lm, model.flow, model.hift, config)
@@ -125,13 +113,14 @@ class ServerRuntime:
             # Off the event loop: start() waits for the engine thread's pretouch, if any.
             await asyncio.to_thread(self._engine.start)
             self._voices = await asyncio.to_thread(VoiceStore, settings.voices_db)
-            limits = ServiceLimits(
-                max_active=settings.max_active,
-                max_queued=settings.max_queued,
-                deadline_s=settings.deadline_s or None,
-            )
+            limits = ServiceLimits(deadline_s=settings.deadline_s or None)
             service = GuardedService(
-                model, self._engine, self._voices, limits, settings.frontend_threads, guard=self.guard
+                model,
+                self._engine,
+                self._voices,
+                limits,
+                guard=self.guard,
+                default_voice=settings.default_voice,
             )
             self.service = service
             await self._warm_up(service)

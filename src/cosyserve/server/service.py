@@ -22,13 +22,18 @@ from typing import Protocol, TypeVar
 from cosyserve.engine.async_engine import AsyncEngine, AudioChunk
 from cosyserve.engine.loader import LoadedModel
 from cosyserve.engine.request import GenerationSpec
-from cosyserve.engine.scheduler import OverloadedError
 from cosyserve.errors import CosyserveError, InvalidRequestError
 from cosyserve.logging_setup import current_request_id
 from cosyserve.parallelism import pin_torch_threads
 from cosyserve.pipeline.frontend import Frontend, UnknownSpeakerError
 from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
-from cosyserve.pipeline.voice import VOICE_NAME, VoiceExistsError, VoicePrompt, check_voice_name
+from cosyserve.pipeline.voice import (
+    VOICE_ALIASES,
+    VOICE_NAME,
+    VoiceExistsError,
+    VoicePrompt,
+    check_voice_name,
+)
 from cosyserve.server.audio_cache import AudioCache
 from cosyserve.server.http.request_context import current_record
 
@@ -46,18 +51,13 @@ class DeadlineExceededError(CosyserveError):
 
 @dataclass(frozen=True)
 class ServiceLimits:
-    """``max_active`` requests synthesise at once, ``max_queued`` more wait; beyond that a
-    request is refused at once with ``retry_after_s``. ``deadline_s`` bounds a request's
-    whole life (None: no deadline)."""
+    """``deadline_s`` bounds a request's whole life (None: no deadline); a refused request
+    (the engine's admission gate is full) is told to retry after ``retry_after_s``."""
 
-    max_active: int = 8
-    max_queued: int = 16
     deadline_s: float | None = 300.0
     retry_after_s: int = 1
 
     def __post_init__(self) -> None:
-        if self.max_active < 1 or self.max_queued < 0:
-            raise ValueError("max_active must be >= 1 and max_queued >= 0")
         if self.deadline_s is not None and self.deadline_s <= 0:
             raise ValueError("deadline_s must be positive")
 
@@ -106,8 +106,12 @@ class SpeechService:
         voices: VoiceRegistry,
         limits: ServiceLimits | None = None,
         frontend_threads: int = 2,
+        default_voice: str = "",
     ) -> None:
+        """``default_voice``: the voice of requests that name none ("": the first built-in
+        speaker)."""
         self.model = model
+        self.default_voice = default_voice
         self.engine = engine
         self.voices = voices
         self.limits = limits or ServiceLimits()
@@ -121,7 +125,6 @@ class SpeechService:
             initializer=pin_torch_threads,
             initargs=(1,),
         )
-        self._in_flight = 0
 
     @property
     def sample_rate(self) -> int:
@@ -130,21 +133,12 @@ class SpeechService:
     @property
     def in_flight(self) -> int:
         """Requests admitted and not yet finished (synthesising or queued)."""
-        return self._in_flight
+        return self.engine.admission.held
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     # -- synthesis --------------------------------------------------------------------------
-
-    def admit(self) -> None:
-        """Take a place or raise :class:`OverloadedError` at once (never waits)."""
-        if self._in_flight >= self.limits.max_active + self.limits.max_queued:
-            raise OverloadedError("the server is at capacity; retry later")
-        self._in_flight += 1
-
-    def release(self) -> None:
-        self._in_flight -= 1
 
     async def synthesize(self, params: SpeechParams) -> AsyncGenerator[AudioChunk, None]:
         """:meth:`_synthesize`, noting voice, text and audio in the HTTP request's record
@@ -171,8 +165,7 @@ class SpeechService:
 
         A non-streaming request with a seed is answered from :attr:`audio_cache` when it
         holds the same request, and stored there once its synthesis completes."""
-        self.admit()
-        try:
+        with self.engine.admission.place():
             cache = self.audio_cache if not params.stream and params.options.seed is not None else None
             key = None if cache is None else await self._run(self._cache_key, cache, params)
             if cache is not None and key is not None:
@@ -187,7 +180,7 @@ class SpeechService:
             request = await self._run(self._request, params)
             spec = await self.build_spec(request, uuid.uuid4().hex)
             spec = replace(spec, log_id=current_request_id())  # engine log lines carry the request id
-            chunks = self.engine.generate(spec)
+            chunks = self.engine.generate(spec, admitted=True)
             try:
                 while True:
                     remaining = None if deadline is None else deadline - loop.time()
@@ -206,17 +199,13 @@ class SpeechService:
                     yield chunk
             finally:
                 await chunks.aclose()  # aborts the engine request if it is still running
-        finally:
-            self.release()
 
     def _request(self, params: SpeechParams) -> SynthesisRequest:
         """Resolve the voice and mode (runs on the frontend pool: feature extraction is CPU work)."""
         if params.prompt_audio is not None:
             voice = self.frontend.voice_from_audio(params.prompt_audio, params.prompt_text)
-        elif params.voice:
-            voice = self.resolve_voice(params.voice)
         else:
-            raise InvalidRequestError("a voice is required: give a voice name or prompt audio")
+            voice = self.resolve_voice(params.voice or self._default_voice_name())
         source = self.frontend.source_tokens(params.source_audio) if params.source_audio else None
         mode = params.mode or _infer_mode(params, voice)
         return SynthesisRequest(
@@ -261,14 +250,26 @@ class SpeechService:
     # -- voices -----------------------------------------------------------------------------
 
     def resolve_voice(self, name: str) -> VoicePrompt:
-        """A registered voice, else a built-in speaker; :class:`UnknownSpeakerError` if neither."""
+        """A registered voice, else a built-in speaker (by name or alias, e.g. ``zh_female``);
+        :class:`UnknownSpeakerError` if neither."""
         check_voice_name(name)
         voice = self.voices.get(name)
         if voice is not None:
             return voice
-        if name in self.model.speakers:
-            return self.frontend.speaker(name)
+        builtin = dict(VOICE_ALIASES).get(name, name)
+        if builtin in self.model.speakers:
+            return self.frontend.speaker(builtin)
         raise UnknownSpeakerError(f"unknown voice {name!r}")
+
+    def _default_voice_name(self) -> str:
+        if self.default_voice:
+            return self.default_voice
+        if self.model.speakers:
+            return next(iter(self.model.speakers))
+        raise InvalidRequestError(
+            "no voice given and no default voice: name a voice, send prompt audio, register one "
+            "(POST /v1/audio/voices) or set default_voice"
+        )
 
     def voice_names(self) -> list[tuple[str, str]]:
         """(name, kind) of every voice: ``registered`` or ``builtin``."""

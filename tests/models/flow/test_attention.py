@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from cosyserve.models.flow import Flow, attention, blocks, conformer
+from cosyserve.models.flow import Flow, attention, blocks
 from cosyserve.models.flow.attention import attention as flow_attention
 
 
@@ -33,12 +33,6 @@ def _causal_bias(queries: int, keys: int, dtype: torch.dtype, hidden: float = -1
     return torch.zeros(queries, keys, dtype=dtype).masked_fill(~allowed, hidden)[None, None]
 
 
-@pytest.fixture
-def split(monkeypatch: pytest.MonkeyPatch) -> None:
-    """bfloat16 takes the split kernel, as on a CPU without AMX."""
-    monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: False)
-
-
 def test_float32_is_torchs_fused_kernel() -> None:
     q, k, v = _qkv(torch.float32, 30, 50)
     bias = _causal_bias(30, 50, torch.float32)
@@ -47,15 +41,13 @@ def test_float32_is_torchs_fused_kernel() -> None:
         assert torch.equal(flow_attention(q, k, v, b, scale), expected)
 
 
-def test_bfloat16_with_amx_is_torchs_fused_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: True)
+def test_bfloat16_with_amx_is_torchs_fused_kernel() -> None:
     q, k, v = _qkv(torch.bfloat16, 30, 50)
     bias = _causal_bias(30, 50, torch.bfloat16)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-    assert torch.equal(flow_attention(q, k, v, bias), expected)
+    assert torch.equal(flow_attention(q, k, v, bias, fused_bf16=True), expected)
 
 
-@pytest.mark.usefixtures("split")
 @pytest.mark.parametrize("masked", [False, True])
 def test_bfloat16_matches_exact_attention_within_rounding(masked: bool) -> None:
     q, k, v = _qkv(torch.bfloat16, 30, 50)
@@ -73,7 +65,6 @@ def test_bfloat16_matches_exact_attention_within_rounding(masked: bool) -> None:
     assert error.mean().item() < 4 * fused_error
 
 
-@pytest.mark.usefixtures("split")
 def test_hidden_keys_get_no_weight() -> None:
     q, k, v = _qkv(torch.bfloat16, 8, 8)
     for hidden in (-1e10, float("-inf")):
@@ -84,7 +75,6 @@ def test_hidden_keys_get_no_weight() -> None:
         assert bool(torch.isfinite(out).all())
 
 
-@pytest.mark.usefixtures("split")
 def test_long_inputs_run_in_query_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     q, k, v = _qkv(torch.bfloat16, 37, 45, seed=1)
     bias = _causal_bias(37, 45, torch.bfloat16)
@@ -103,10 +93,7 @@ def test_long_inputs_run_in_query_blocks(monkeypatch: pytest.MonkeyPatch) -> Non
     torch.testing.assert_close(blocked, whole, rtol=0, atol=2**-6)
 
 
-@pytest.mark.usefixtures("split")
-def test_bfloat16_flow_error_is_no_worse_than_with_the_fused_kernel(
-    flow: Flow, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_bfloat16_flow_error_is_no_worse_than_with_the_fused_kernel(flow: Flow) -> None:
     """The tiny flow in bfloat16 against float32: the split kernel's mel error stays at the
     fused kernel's (the rounding of every activation dominates)."""
     gen = torch.Generator().manual_seed(3)
@@ -125,11 +112,7 @@ def test_bfloat16_flow_error_is_no_worse_than_with_the_fused_kernel(
     low = low.to(torch.bfloat16).eval()
     split = (mel(low) - reference).abs().mean().item()
 
-    def fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float | None = None) -> Tensor:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
-
-    monkeypatch.setattr(blocks, "attention", fused)
-    monkeypatch.setattr(conformer, "attention", fused)
+    low.use_fused_bf16_attention_(True)
     with_fused = (mel(low) - reference).abs().mean().item()
     assert 0 < split < 1.25 * with_fused
 
@@ -145,26 +128,24 @@ def test_whole_key_rows_pads_rows_with_hidden_zeros(rows: int) -> None:
     assert not bias[..., :rows].any() and torch.isneginf(bias[..., rows:]).all()
 
 
-def test_only_bfloat16_calls_without_a_bias_on_the_fused_kernel_pad(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_bfloat16_calls_without_a_bias_on_the_fused_kernel_pad() -> None:
     x = torch.randn(2, 30, 24)
     bias = _causal_bias(30, 30, torch.bfloat16)
-    monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: True)
-    assert attention.pads_keys(x.to(torch.bfloat16), None)
-    assert not attention.pads_keys(x.to(torch.bfloat16), bias)
-    assert not attention.pads_keys(x, None)
-    monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: False)
-    assert not attention.pads_keys(x.to(torch.bfloat16), None)
+    assert attention.pads_keys(x.to(torch.bfloat16), None, fused_bf16=True)
+    assert not attention.pads_keys(x.to(torch.bfloat16), bias, fused_bf16=True)
+    assert not attention.pads_keys(x, None, fused_bf16=True)
+    assert not attention.pads_keys(x.to(torch.bfloat16), None, fused_bf16=False)
 
 
-def _self_attention(seed: int = 0) -> blocks.SelfAttention:
+def _self_attention(seed: int = 0, fused_bf16: bool = True) -> blocks.SelfAttention:
     torch.manual_seed(seed)
     layer = blocks.SelfAttention(24, heads=4, head_dim=16)
     layer.fuse_projections_()
+    layer.fused_bf16 = fused_bf16
     return layer.to(torch.bfloat16).eval().requires_grad_(False)
 
 
 def test_calls_with_a_bias_are_not_padded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: True)
     monkeypatch.setattr(blocks, "whole_key_rows", None)  # would fail if called
     layer = _self_attention()
     x = torch.randn(2, 30, 24).to(torch.bfloat16)
@@ -177,9 +158,8 @@ def test_padded_keys_give_the_unpadded_attention_within_rounding(monkeypatch: py
     layer = _self_attention(seed=1)
     x = torch.randn(2, 45, 24).to(torch.bfloat16)  # 45 keys run as 48 on the path that pads
     with torch.inference_mode():
-        monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: True)
         padded = layer(x, None)
-        monkeypatch.setattr(blocks, "pads_keys", lambda x, bias: False)
+        monkeypatch.setattr(blocks, "pads_keys", lambda x, bias, fused: False)
         unpadded = layer(x, None)
         exact = _float64_self_attention(layer, x)
     assert padded.shape == unpadded.shape == (2, 45, 24)
@@ -196,10 +176,9 @@ def _float64_self_attention(layer: blocks.SelfAttention, x: Tensor) -> Tensor:
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_a_trace_pads_every_length_it_replays(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_trace_pads_every_length_it_replays() -> None:
     """The padding's sizes are traced, not constants: a trace recorded over 50 rows pads 37
     and 64 rows as the eager call does."""
-    monkeypatch.setattr(attention, "fused_cpu_bf16", lambda: True)
     layer = _self_attention(seed=2)
 
     def attend(x: Tensor) -> Tensor:

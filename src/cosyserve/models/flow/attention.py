@@ -5,8 +5,8 @@ float32: one 450-frame estimator layer (2 CFG rows x 8 heads of 64) takes 8.0-8.
 bfloat16 against 7.8 ms in float32 on 2 Zen 4 cores, while a bfloat16 batched GEMM of the
 same scores runs at about 3x float32's rate. So bfloat16 there computes the two GEMMs and
 the softmax apart (5.0 ms for that layer). With AMX tiles the fused kernel is the faster
-one (:func:`fused_cpu_bf16`). On 2 cores of an Intel Xeon with AMX the whole
-non-streaming flow took 2.90 s with it against 3.15 s split, at the same error
+one (the plan's ``fused_bf16_attention``, passed as ``fused_bf16``). On 2 cores of an Intel
+Xeon with AMX the whole non-streaming flow took 2.90 s with it against 3.15 s split, at the same error
 (``docs/precision.md``). float32, and every CUDA dtype, always keep torch's fused kernel.
 
 What it costs: the scores are rounded to bfloat16 before the softmax, where the fused kernel
@@ -29,32 +29,32 @@ MAX_SCORES = 1 << 24
 KEY_MULTIPLE = 16
 
 
-def fused_cpu_bf16() -> bool:
-    """Whether torch's fused kernel is the faster one for bfloat16 on this CPU: where it has
-    AMX tiles (measured above; without them the split GEMMs win)."""
-    return bool(torch.cpu._is_amx_tile_supported())
-
-
 def attention(
-    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, scale: float | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None = None,
+    scale: float | None = None,
+    fused_bf16: bool = False,
 ) -> Tensor:
     """``softmax(q·kᵀ · scale + bias) · v``.
 
     ``q``: ``(B, H, T, d)``; ``k``, ``v``: ``(B, H, K, d)``; ``bias``: additive, broadcast
     to ``(B, H, T, K)`` (a large negative value hides a key), or None; ``scale``: default
-    ``1/√d``. Returns ``(B, H, T, d)``.
+    ``1/√d``; ``fused_bf16``: bfloat16 on a CPU takes torch's fused kernel too. Returns
+    ``(B, H, T, d)``.
     """
-    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and not fused_cpu_bf16():
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and not fused_bf16:
         return split_attention(q, k, v, bias, scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
 
-def pads_keys(x: Tensor, bias: Tensor | None) -> bool:
+def pads_keys(x: Tensor, bias: Tensor | None, fused_bf16: bool) -> bool:
     """Whether an attention layer's input ``x`` is padded by :func:`whole_key_rows`: in
-    bfloat16 on a CPU with AMX (torch's fused kernel), in calls without a bias of their
+    bfloat16 on a CPU on torch's fused kernel (``fused_bf16``), in calls without a bias of their
     own (a non-streaming request's flow). Padding a stream's calls, which carry one, cost
     its chunks time and memory (``docs/benchmarks.md``, run 53)."""
-    return bias is None and x.dtype == torch.bfloat16 and x.device.type == "cpu" and fused_cpu_bf16()
+    return bias is None and x.dtype == torch.bfloat16 and x.device.type == "cpu" and fused_bf16
 
 
 def whole_key_rows(x: Tensor) -> tuple[Tensor, Tensor]:

@@ -182,6 +182,7 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(inner, dim)
         self.qkv: nn.Linear | None = None  # set by fuse_projections_
         self.kv: nn.Linear | None = None
+        self.fused_bf16 = False  # set by Flow.use_fused_bf16_attention_
 
     def fuse_projections_(self) -> None:
         """Replace ``q``, ``k`` and ``v`` by ``qkv``, their rows stacked: one GEMM per call
@@ -210,7 +211,7 @@ class SelfAttention(nn.Module):
         :func:`~cosyserve.models.flow.attention.pads_keys`), or with ``states`` (incremental
         streaming) the ``states.length`` cached positions followed by ``x``'s."""
         batch, size, _ = x.shape
-        if states is None and pads_keys(x, bias):
+        if states is None and pads_keys(x, bias, self.fused_bf16):
             x, bias = whole_key_rows(x)  # zero rows: zero keys and values, hidden by the bias
         shape = (batch, -1, self.heads, self.head_dim)
         fused = self.qkv
@@ -218,7 +219,7 @@ class SelfAttention(nn.Module):
         q, k, v = (p.view(shape).transpose(1, 2) for p in projected)  # (B, H, T', hd)
         if states is not None:
             k, v = states.attend(self, k, v, x)  # (B, H, K, hd)
-        out = attention(q[:, :, :size], k, v, bias)
+        out = attention(q[:, :, :size], k, v, bias, fused_bf16=self.fused_bf16)
         y: Tensor = self.out(out.transpose(1, 2).reshape(batch, size, self.heads * self.head_dim))
         return y
 

@@ -71,6 +71,7 @@ class RelPositionAttention(nn.Module):
         self.v = nn.Linear(dim, dim)
         self.out = nn.Linear(dim, dim)
         self.pos = nn.Linear(dim, dim, bias=False)
+        self.fused_bf16 = False  # set by Flow.use_fused_bf16_attention_
         # Transformer-XL's u (content) and v (position) biases, per head.
         self.content_bias = nn.Parameter(torch.zeros(heads, self.head_dim))
         self.position_bias = nn.Parameter(torch.zeros(heads, self.head_dim))
@@ -96,7 +97,7 @@ class RelPositionAttention(nn.Module):
         position_scores = rel_shift(q_position @ p.transpose(-2, -1)) * scale  # (B, H, T, K)
         # The position term enters as an additive bias, so the kernel computes the content term.
         bias = position_scores.masked_fill(~mask.unsqueeze(1), float("-inf"))
-        out = attention(q_content, k, v, bias, scale)
+        out = attention(q_content, k, v, bias, scale, fused_bf16=self.fused_bf16)
         y: Tensor = self.out(out.transpose(1, 2).reshape(batch, size, dim))
         return y
 

@@ -83,6 +83,14 @@ class Flow(nn.Module):
             if isinstance(module, SelfAttention):
                 module.fuse_projections_()
 
+    def use_fused_bf16_attention_(self, fused: bool) -> None:
+        """Whether every attention layer runs bfloat16 on a CPU in torch's fused kernel
+        (:func:`~cosyserve.models.flow.attention.attention`): the faster one with AMX tiles
+        only. Set before :meth:`trace_steps_`, which records the kernel chosen."""
+        for module in self.modules():
+            if isinstance(module, (SelfAttention, RelPositionAttention)):
+                module.fused_bf16 = fused
+
     def trace_steps_(self) -> bool:
         """Replay the estimator's calls from TorchScript traces
         (:mod:`cosyserve.models.flow.traced_steps`), recorded now unless they were already;

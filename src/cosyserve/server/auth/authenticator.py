@@ -14,7 +14,7 @@ from pathlib import Path
 from cosyserve.server.auth.basic import BasicUsers, parse_basic
 from cosyserve.server.auth.gateway import Gateway
 from cosyserve.server.auth.identity import AuthenticationError, Credentials, Identity
-from cosyserve.server.auth.jwt import JwksCache, JwtVerifier, looks_like_jwt
+from cosyserve.server.auth.jwt import JWKS_REFRESH_S, JWT_ALGORITHMS, JwksCache, JwtVerifier, looks_like_jwt
 from cosyserve.server.auth.keys import ApiKeys, parse_entries
 from cosyserve.server.settings import Settings, SettingsError
 
@@ -28,14 +28,14 @@ def _split(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def _entries(inline: str, file: str, what: str) -> str:
-    text = inline.replace(",", "\n")
-    if file:
-        try:
-            text += "\n" + Path(file).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise SettingsError(f"cannot read {what} file {file}: {exc.strerror}") from None
-    return text
+def _entries(value: str, what: str) -> str:
+    """``value``'s entries one a line: comma-separated, or ``@FILE``'s lines."""
+    if not value.startswith("@"):
+        return value.replace(",", "\n")
+    try:
+        return Path(value[1:]).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SettingsError(f"cannot read {what} file {value[1:]}: {exc.strerror}") from None
 
 
 class Authenticator:
@@ -57,30 +57,25 @@ class Authenticator:
         self.gateway = gateway
         if enabled and not (self.api_keys or self.basic or self.jwt or self.gateway):
             raise SettingsError(
-                "authentication is on but no method is configured: set auth_api_keys(_file), "
-                'auth_basic_users(_file), auth_jwks or auth_gateway_*, or auth_mode = "none"'
+                "authentication is on but no method is configured: set auth_api_keys, "
+                'auth_basic_users, auth_jwks or auth_gateway_*, or auth_mode = "none"'
             )
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Authenticator":
         if settings.auth_mode == "none":
             return cls(enabled=False)
-        keys = parse_entries(
-            _entries(settings.auth_api_keys, settings.auth_api_keys_file, "auth_api_keys"), "auth_api_keys"
-        )
-        users = parse_entries(
-            _entries(settings.auth_basic_users, settings.auth_basic_users_file, "auth_basic_users"),
-            "auth_basic_users",
-        )
+        keys = parse_entries(_entries(settings.auth_api_keys, "auth_api_keys"), "auth_api_keys")
+        users = parse_entries(_entries(settings.auth_basic_users, "auth_basic_users"), "auth_basic_users")
         verifier = None
         if settings.auth_jwks:
             if not settings.auth_jwt_issuer or not settings.auth_jwt_audience:
                 raise SettingsError("auth_jwks needs auth_jwt_issuer and auth_jwt_audience")
             verifier = JwtVerifier(
-                JwksCache(settings.auth_jwks, settings.auth_jwks_refresh_s),
+                JwksCache(settings.auth_jwks, JWKS_REFRESH_S),
                 settings.auth_jwt_issuer,
                 settings.auth_jwt_audience,
-                _split(settings.auth_jwt_algorithms),
+                JWT_ALGORITHMS,
             )
         gateway = None
         if settings.auth_gateway_header or settings.auth_gateway_trusted:

@@ -27,6 +27,11 @@ _MIN_REFETCH_S = 10.0
 _FETCH_TIMEOUT_S = 5.0
 _MAX_JWKS_BYTES = 1024 * 1024
 _LEEWAY_S = 5
+# A fetched key set is used this long; a token with an unknown key id fetches it sooner.
+JWKS_REFRESH_S = 300.0
+# Asymmetric algorithms only: a JWKS publishes public keys, so HMAC (a shared secret) and
+# "none" are never accepted.
+JWT_ALGORITHMS = ["RS256", "ES256"]
 _INVALID = "invalid or expired token"
 
 

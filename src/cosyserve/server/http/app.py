@@ -34,13 +34,15 @@ from cosyserve.server.settings import Settings
 
 logger = logging.getLogger(__name__)
 
+CUDA_ALLOC_CONF = "expandable_segments:True"
+
 
 def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -> FastAPI:
     """The HTTP app of one server process. ``on_fatal`` is called if the start fails
     (model cannot load, ...); without it the process stays up and ``/ready`` says failed."""
     access = AccessControl.from_settings(settings)
     guard = InputGuard.from_settings(settings)
-    _apply_cuda_alloc_conf(settings)
+    _apply_cuda_alloc_conf()
     metrics = ServerMetrics(lambda: runtime.service)
     runtime = ServerRuntime(settings, on_fatal, guard, (AuthInterceptor(access),))
 
@@ -56,20 +58,21 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
                     on_fatal()
                 return
             await runtime.start()
+            if runtime.plan is not None:
+                metrics.plan.info(runtime.plan.labels())
             if runtime.service is not None:
                 runtime.service.audio_cache = audio_cache
             app.state.service = runtime.service if runtime.ready else None
 
         starting = asyncio.create_task(start(), name="cosyserve-start")
-        watching = _start_watchdog(settings, metrics, runtime)
+        watching = _start_watchdog(metrics, runtime)
         reloads = _reload_on_sighup(guard)
         try:
             yield
         finally:
             reloads()
             app.state.service = None
-            if watching is not None:
-                watching.cancel()
+            watching.cancel()
             starting.cancel()
             await asyncio.gather(starting, return_exceptions=True)
             await runtime.stop()
@@ -117,25 +120,16 @@ def _reload_on_sighup(guard: InputGuard) -> Callable[[], None]:
     return undo
 
 
-def _apply_cuda_alloc_conf(settings: Settings) -> None:
-    """Set the CUDA allocator's configuration before anything initialises CUDA; an
-    operator's own PYTORCH_CUDA_ALLOC_CONF wins."""
-    if settings.cuda_alloc_conf:
-        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", settings.cuda_alloc_conf)
+def _apply_cuda_alloc_conf() -> None:
+    """Set the CUDA allocator's configuration before anything initialises CUDA: expandable
+    segments, so that streams of changing lengths do not fragment GPU memory. An operator's
+    own PYTORCH_CUDA_ALLOC_CONF wins."""
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOC_CONF)
 
 
-def _start_watchdog(
-    settings: Settings, metrics: ServerMetrics, runtime: ServerRuntime
-) -> "asyncio.Task[None] | None":
-    """The memory watchdog task (None when ``memory_watch_interval_s`` is 0)."""
-    if not settings.memory_watch_interval_s:
-        return None
-    config = WatchdogConfig(
-        interval_s=settings.memory_watch_interval_s,
-        window=settings.memory_watch_window,
-        warn_growth_bytes=settings.memory_growth_warn_mb * 1024 * 1024,
-        empty_cache_when_idle=settings.cuda_empty_cache_when_idle,
-    )
+def _start_watchdog(metrics: ServerMetrics, runtime: ServerRuntime) -> "asyncio.Task[None]":
+    """The memory watchdog task, with its default sampling (every 30 s while idle)."""
+    config = WatchdogConfig()
 
     def idle() -> bool:
         return runtime.service is not None and runtime.service.in_flight == 0

@@ -77,9 +77,11 @@ class ModelList(BaseModel):
 
 
 class Health(BaseModel):
-    """``GET /health``: the process answers."""
+    """``GET /health``: the process answers. ``plan``: the speed plan it runs (its fields as
+    text, see :meth:`cosyserve.accel.plan.Plan.labels`), once chosen at start."""
 
     status: Literal["ok"] = "ok"
+    plan: dict[str, str] | None = None
 
 
 class Readiness(BaseModel):

@@ -17,6 +17,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Info,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -81,6 +82,11 @@ class ServerMetrics:
         )
         self.memory_idle = Gauge(
             "cosyserve_memory_idle_bytes", "Latest memory sample taken while idle.", ["kind"], registry=r
+        )
+        self.plan = Info(
+            "cosyserve_plan",
+            "The speed plan this process runs (profile, device, precision, kernels; docs/performance.md).",
+            registry=r,
         )
         ProcessCollector(registry=r)  # process_resident_memory_bytes, CPU seconds, open fds
         r.register(_EngineCollector(service))

@@ -4,8 +4,7 @@ exports the growth over a window of samples, and warns about sustained growth.
 Samples are taken between requests (when nothing is in flight), so that what a request
 holds while it runs does not look like a leak; a window whose later half never drops
 below its earlier half's peak, and that grew by ``warn_growth_bytes`` or more, is a
-sustained trend. On a GPU, ``empty_cache_when_idle`` also returns the caching
-allocator's unused blocks to the device at each idle sample.
+sustained trend.
 """
 
 import asyncio
@@ -42,7 +41,6 @@ class WatchdogConfig:
     interval_s: float = 30.0
     window: int = 10
     warn_growth_bytes: int = 512 * _MIB
-    empty_cache_when_idle: bool = False
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.window < 2 or self.warn_growth_bytes <= 0:
@@ -92,8 +90,6 @@ class MemoryWatchdog:
         """Take a sample if idle; update the gauges; warn on a sustained trend."""
         if not self._idle():
             return None
-        if self.config.empty_cache_when_idle and torch.cuda.is_available():
-            torch.cuda.empty_cache()
         sample = self._sample()
         self.samples.append(sample)
         self.metrics.memory_idle.labels("rss").set(sample.rss)

@@ -10,9 +10,11 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/health")
-async def health() -> Health:
-    """200 while the process runs, even before the model is loaded (liveness)."""
-    return Health()
+async def health(request: Request) -> Health:
+    """200 while the process runs, even before the model is loaded (liveness); with the
+    speed plan once it is chosen."""
+    plan = runtime_of(request).plan
+    return Health(plan=None if plan is None else plan.labels())
 
 
 @router.get("/ready", responses={503: {"model": Readiness}})

@@ -19,7 +19,10 @@ router = APIRouter(tags=["tts"])
 async def tts(
     request: Request,
     text: Annotated[str, Query(min_length=1, description="Text to speak.")],
-    voice: Annotated[str, Query(min_length=1, max_length=64, description="Voice name.")],
+    voice: Annotated[
+        str | None,
+        Query(min_length=1, max_length=64, description="Voice name (default: the server's default_voice)."),
+    ] = None,
     stream: Annotated[bool, Query(description="Send audio as it is made (open-ended WAV).")] = False,
     seed: Annotated[int | None, Query(ge=0, lt=2**63)] = None,
     min_tokens: Annotated[int | None, Query(ge=1, le=MAX_FORCED_TOKENS)] = None,
