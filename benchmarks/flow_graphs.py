@@ -18,8 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from bench_args import add_workload_args, model_parser  # benchmarks/ is on the path when run as a script
-from interleave import interleaved
+from common import add_workload_args, interleaved, model_parser  # benchmarks/, the script's own directory
 
 from cosyserve.engine.loader import load_model
 from cosyserve.models.flow import Flow
@@ -84,7 +83,7 @@ def _compare(
 
         return run
 
-    medians, outputs = interleaved({name: variant(name) for name in captures}, lambda: None, rounds, 1)
+    medians, outputs = interleaved({name: variant(name) for name in captures}, rounds, 1)
     flow.cfm.step_capture = None
     pairs = zip(outputs["eager"], outputs["graphed"], strict=True)
     diff = max((a - b).abs().max().item() for a, b in pairs)

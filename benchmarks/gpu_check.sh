@@ -31,7 +31,7 @@ export PYTHONUNBUFFERED=1
 
 step env 60 python3 -c 'import torch, torchao; print(torch.__version__, torch.version.cuda, torchao.__version__, torch.cuda.get_device_name())'
 step tests 240 python3 -m pytest -q -s -p no:cacheprovider -k "cuda or Cuda" \
-    tests/models/test_precision.py tests/engine/test_decode_graphs.py tests/models/flow/test_step_graph.py
+    tests/accel/test_precision.py tests/engine/test_decode_graphs.py tests/models/flow/test_step_graph.py
 step init 120 "${cosyserve[@]}" model init "$model" --size full --seed 0 --force
 step flow-graphs 150 python3 benchmarks/flow_graphs.py --model-dir "$model" --json "$out/flow-graphs.json"
 bench=(bench engine --model-dir "$model" --tokens 150 --no-progress)

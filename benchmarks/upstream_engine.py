@@ -1,6 +1,6 @@
 """cosyserve's engine against upstream's ``CosyVoice2Model`` on the same model directory.
 
-One command (docs/benchmarks.md has the full-size one and its results):
+One command (docs/performance.md has the full-size one and its results):
 
     .venv/bin/python benchmarks/upstream_engine.py --model-dir DIR [--tokens 150] [--streams 8]
         [--prompt-seconds 3] [--dtype bf16] [--quantize int8] [--json out.json]
@@ -10,7 +10,7 @@ tokens, mel and embedding, and a transcript), the same text ids and exactly ``--
 speech tokens per request (upstream forced as upstream-cpu-baseline.md describes: min_len =
 max_len = N with all three stop ids masked). Each side runs in its own subprocess, so its
 peak RSS is its own. The two processes take turns (``--interleave``, the default;
-``benchmarks/turns.py``): one loads while the other waits, then the single requests run
+``benchmarks/common.py``): one loads while the other waits, then the single requests run
 one at a time, upstream's first, ours next, and so on, then each side's bursts. On this VM
 the speed moves by 5-10 % within minutes, and run 55 (sides one after the other) saw our
 memory-bound decode 10 % slower than an hour before; in turns each pair of requests meets
@@ -31,7 +31,7 @@ first time costs up to 40 µs, and a process's first stream faults in about 1 Gi
    stream on one :class:`~cosyserve.engine.async_engine.AsyncEngine`), in ``--bursts``
    bursts one after another (default 1). The first burst is the process's first at that
    concurrency: on our side its flow caches are new memory, whose page faults cost this VM
-   far more than the pages' writes (docs/benchmarks.md, "Page faults"); a later burst
+   far more than the pages' writes (docs/performance.md, "Physical limits"); a later burst
    reuses the memory, as a server does from its second burst of that size on. Each burst
    is reported, and the ratios are taken for the first and for the last;
 4. peak RSS of the whole process (loading included), after loading, of loading plus the
@@ -67,7 +67,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # tests/ (the upstream stand-ins) is not an installed package
     sys.path.insert(0, str(REPO))
 
-from turns import Turns, take_turns  # noqa: E402
+from common import Turns, take_turns  # noqa: E402
 
 from cosyserve.accel.precision_choices import Dtype, FlowQuantization, Quantization  # noqa: E402
 from cosyserve.bench.engine_bench import peak_rss_mb, reset_peak_rss  # noqa: E402
@@ -380,7 +380,7 @@ def _bursts(
     """``count`` bursts of concurrent streams, one after another (``run(n)`` runs burst ``n``,
     from 0, and returns its wall seconds and samples made): each one's wall seconds, audio
     seconds per second, and page faults that found no page (a new page each) and CPU
-    seconds the kernel spent for the process (docs/benchmarks.md, "Page faults")."""
+    seconds the kernel spent for the process (docs/performance.md, "Physical limits")."""
     out: list[dict[str, Any]] = []
     for n in range(count):
         _progress(f"{side}: {label}, burst {n + 1} of {count}")
@@ -461,7 +461,7 @@ def _steps(args: argparse.Namespace) -> int:
 
 
 def _run_interleaved(sides: list[str], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """Both sides' workers alive at once, taking turns (``benchmarks/turns.py``): each one's
+    """Both sides' workers alive at once, taking turns (``benchmarks/common.py``): each one's
     loading and warm-up, then each single request, side after side; then each one's
     bursts."""
     load_before = os.getloadavg()
@@ -661,7 +661,7 @@ def main() -> None:
         type=float,
         default=0.0,
         help="seconds of idle before each side, for a side that should start on a machine that "
-        "has idled (run 48 in docs/benchmarks.md: it did not change our side's numbers)",
+        "has idled (tried on a 2-core VM: it did not change our side's numbers)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the reports and ratios here")
     parser.add_argument(
@@ -669,8 +669,8 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="both sides' processes alive at once, each single request in turn, side after side "
-        "(default; docs/benchmarks.md, run 56); --no-interleave runs one side's process after "
-        "the other's",
+        "(default: a machine whose speed drifts slows both alike); --no-interleave runs one side's "
+        "process after the other's",
     )
     parser.add_argument("--worker", choices=SIDES, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--take-turns", action="store_true", help=argparse.SUPPRESS)

@@ -1,4 +1,4 @@
-"""``benchmarks/turns.py``: worker processes run their steps one at a time, in turn; and
+"""``benchmarks/common.py``: worker processes run their steps one at a time, in turn; and
 ``benchmarks/upstream_engine.py`` runs both sides that way."""
 
 import importlib
@@ -16,7 +16,7 @@ BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 WORKER = """
 import json, sys, time
 sys.path.insert(0, sys.argv[4])
-from turns import Turns
+from common import Turns
 name, steps, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 turns = Turns(True)
 for step in range(steps):
@@ -34,7 +34,7 @@ print(json.dumps({"worker": name}))
 @pytest.fixture
 def turns(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # as when the benchmarks run as scripts
-    return importlib.import_module("turns")
+    return importlib.import_module("common")
 
 
 def _worker(name: str, steps: int, log: Path) -> list[str]:

@@ -5,15 +5,15 @@ from typer.testing import CliRunner
 from cosyserve.cli.main import app
 from cosyserve.server.settings import Settings, settings_reference
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CONFIGURATION = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
 def test_reference_covers_every_setting() -> None:
     assert [row[0] for row in settings_reference()] == list(Settings.model_fields)
 
 
-def test_readme_lists_every_setting_with_its_variable() -> None:
-    text = README.read_text(encoding="utf-8")
+def test_configuration_lists_every_setting_with_its_variable() -> None:
+    text = CONFIGURATION.read_text(encoding="utf-8")
     for name, env, _default, _ in settings_reference():
         assert f"| `{name}` | `{env}` |" in text, name
 

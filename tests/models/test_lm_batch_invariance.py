@@ -3,8 +3,8 @@ decode step, and in any split of its prompt into prefill chunks.
 
 The LM here has the released model's attention geometry (14 query heads of 64 over 2 key
 heads) in two small layers: torch's attention kernel, masked over a longer span, moved
-such a row's log-probs by up to 0.19 on the full model (``docs/benchmarks.md``, "A row's
-output in a batch").
+such a row's log-probs by up to 0.19 on the full model (the run diary ``docs/benchmarks.md``,
+"A row's output in a batch", in git history at 3099e5e).
 """
 
 import dataclasses

@@ -2,7 +2,7 @@
 counts) -> no errors and RSS growth under 50 MB after warm-up.
 
 Run: ``.venv/bin/python -m pytest -m slow tests/soak -s`` (prints the figures recorded in
-docs/operations-figures.md).
+docs/operations.md).
 """
 
 import asyncio
