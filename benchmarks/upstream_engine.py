@@ -3,7 +3,7 @@
 One command (docs/performance.md has the full-size one and its results):
 
     .venv/bin/python benchmarks/upstream_engine.py --model-dir DIR [--tokens 150] [--streams 8]
-        [--prompt-seconds 3] [--dtype bf16] [--quantize int8] [--json out.json]
+        [--prompt-seconds 3] [--profile auto] [--json out.json]
 
 Both sides get the same synthetic zero-shot prompt (``--prompt-seconds`` of random prompt
 tokens, mel and embedding, and a transcript), the same text ids and exactly ``--tokens``
@@ -40,9 +40,10 @@ first time costs up to 40 µs, and a process's first stream faults in about 1 Gi
 Upstream is the test-only reference (``cosyvoice-minicpmo``), built by
 ``tests/pipeline/upstream_model.py`` with the stand-ins of ``tests/upstream.py``; it runs in
 fp32 on CPU with its own sampling (global RNG), so its tokens differ from ours; only the
-amount of work is the same. ``--dtype``, ``--quantize`` and ``--flow-quantize`` load our
-side in that precision (its KV cache follows); upstream stays fp32. The report ends with
-the ratios against issue 4's targets.
+amount of work is the same. Our side runs ``--profile``'s plan for this machine (default
+``auto``, what ``cosyserve serve`` runs without flags); ``--dtype``, ``--quantize`` and
+``--flow-quantize`` override one choice each, and ``--first-hop`` the plan's first hop.
+Upstream stays fp32. The report ends with the ratios against the targets.
 """
 
 import argparse
@@ -69,7 +70,8 @@ if str(REPO) not in sys.path:  # tests/ (the upstream stand-ins) is not an insta
 
 from common import Turns, take_turns  # noqa: E402
 
-from cosyserve.accel.precision_choices import Dtype, FlowQuantization, Quantization  # noqa: E402
+from cosyserve.accel.plan import Plan  # noqa: E402
+from cosyserve.accel.precision_choices import Dtype, FlowQuantization, Profile, Quantization  # noqa: E402
 from cosyserve.bench.engine_bench import peak_rss_mb, reset_peak_rss  # noqa: E402
 from cosyserve.bench.workload import synthetic_text_ids, synthetic_voice  # noqa: E402
 from cosyserve.modeldir.layout import ModelDir  # noqa: E402
@@ -231,6 +233,15 @@ def run_upstream(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
 # -- ours ------------------------------------------------------------------------------------
 
 
+def _plan(args: argparse.Namespace, threads: int | None) -> Plan:
+    from cosyserve.accel.machine import Machine
+    from cosyserve.accel.plan import Choices, choose_plan
+
+    choices = Choices(args.dtype, args.quantize, args.flow_quantize)
+    plan = choose_plan(Machine.detect(), args.profile, choices, threads)
+    return plan if args.first_hop is None else dataclasses.replace(plan, first_hop=args.first_hop)
+
+
 def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     from cosyserve.bench.workload import synthetic_spec
     from cosyserve.engine.async_engine import AsyncEngine
@@ -243,25 +254,11 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     threads = hand_over_threads()  # as the server's event loop: model work on the engine's thread only
     voice, texts, rate = workload(model_dir, args)
     start = time.perf_counter()
-    model = load_model(
-        model_dir, dtype=args.dtype, quantize=args.quantize, flow_quantize=args.flow_quantize, threads=threads
-    )
+    plan = _plan(args, threads)
+    print(f"ours: plan: {plan.describe()}", file=sys.stderr, flush=True)
+    model = load_model(model_dir, plan)
     load_s = time.perf_counter() - start
     config = engine_config_for(model, max_active=max(8, args.streams), max_waiting=args.streams)
-    if args.flow_cache is not None:
-        config = dataclasses.replace(config, flow_cache=args.flow_cache)
-    if args.flow_cache_compact is not None:
-        config = dataclasses.replace(config, flow_cache_compact=args.flow_cache_compact)
-    if args.flow_stream_rows is not None:
-        config = dataclasses.replace(config, flow_stream_rows=args.flow_stream_rows)
-    config = dataclasses.replace(
-        config,
-        flow_stream_cache_mb=args.flow_stream_cache_mb,
-        pretouch_mb=args.pretouch_mb,
-        flow_prompt_whole=args.flow_prompt_whole,
-        traced_decode=args.traced_decode,
-        traced_flow=args.traced_flow,
-    )
     engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config), threads=threads)
     engine.start()
     counter = iter(range(1_000_000))
@@ -269,7 +266,7 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     async def synthesize(text: tuple[int, ...], stream: bool, tokens: int) -> tuple[float, float, int]:
         spec = synthetic_spec(
             f"r{next(counter)}", voice, text, tokens=tokens, seed=args.seed, stream=stream,
-            first_hop=args.first_hop if stream else None,
+            first_hop=None,  # the plan's (a non-streaming request has none)
         )  # fmt: skip
         begin = time.perf_counter()
         first: float | None = None
@@ -321,7 +318,6 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     # This process's main thread runs torch on one thread; the engine's runs on ``threads``.
     report |= {"flow_cache": config.flow_cache, "flow_stream_cache_mb": config.flow_stream_cache_mb}
     report |= {
-        "pretouch_mb": config.pretouch_mb,
         "flow_prompt_whole": config.flow_prompt_whole,
         "flow_cache_compact": config.flow_cache_compact,
         "flow_stream_rows": config.flow_stream_rows,
@@ -509,21 +505,10 @@ def _command(side: str, args: argparse.Namespace) -> list[str]:
     command += ["--prompt-seconds", str(args.prompt_seconds), "--seed", str(args.seed)]
     if args.threads is not None:
         command += ["--threads", str(args.threads)]
-    if args.first_hop is not None:
-        command += ["--first-hop", str(args.first_hop)]
-    if args.flow_cache is not None:
-        command += ["--flow-cache", args.flow_cache]
-    command += ["--flow-stream-cache-mb", str(args.flow_stream_cache_mb)]
-    command += ["--pretouch-mb", str(args.pretouch_mb)]
-    if args.flow_prompt_whole:
-        command.append("--flow-prompt-whole")
-    if args.flow_cache_compact is not None:
-        command.append("--flow-cache-compact" if args.flow_cache_compact else "--no-flow-cache-compact")
-    if args.flow_stream_rows is not None:
-        command += ["--flow-stream-rows", str(args.flow_stream_rows)]
-    command.append("--traced-decode" if args.traced_decode else "--no-traced-decode")
-    command.append("--traced-flow" if args.traced_flow else "--no-traced-flow")
-    command += ["--dtype", args.dtype, "--quantize", args.quantize, "--flow-quantize", args.flow_quantize]
+    command += ["--profile", args.profile]
+    for flag in ("first_hop", "dtype", "quantize", "flow_quantize"):
+        if getattr(args, flag) is not None:
+            command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     if not args.warm_up:
         command.append("--no-warm-up")
     return command
@@ -584,75 +569,19 @@ def main() -> None:
     parser.add_argument("--prompt-seconds", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--first-hop", type=int, default=None, help="ours only (default: upstream's hop)")
     parser.add_argument(
-        "--flow-cache",
-        choices=("exact", "cached", "incremental"),
-        default=None,
-        help="ours only: EngineConfig.flow_cache (default: incremental on CPU, exact on CUDA)",
+        "--profile",
+        choices=[p.value for p in Profile],
+        default=Profile.AUTO.value,
+        help="ours only: the plan's profile (default auto: what the server runs without flags)",
+    )
+    parser.add_argument("--first-hop", type=int, default=None, help="ours only (default: the plan's)")
+    parser.add_argument("--dtype", choices=[d.value for d in Dtype], help="ours only (default: the plan's)")
+    parser.add_argument(
+        "--quantize", choices=[q.value for q in Quantization], help="ours only (default: the plan's)"
     )
     parser.add_argument(
-        "--flow-stream-cache-mb",
-        type=int,
-        default=0,
-        help="ours only: EngineConfig.flow_stream_cache_mb (default 0: no bound)",
-    )
-    parser.add_argument(
-        "--pretouch-mb",
-        type=int,
-        default=0,
-        help="ours only: EngineConfig.pretouch_mb, memory faulted in at start (default 0: none)",
-    )
-    parser.add_argument(
-        "--flow-prompt-whole",
-        action="store_true",
-        help="ours only: EngineConfig.flow_prompt_whole (prime voice prompts through their last block)",
-    )
-    parser.add_argument(
-        "--flow-cache-compact",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="ours only: EngineConfig.flow_cache_compact (streams keep the estimator attention layers' "
-        "inputs, not their keys and values; default: the engine's)",
-    )
-    parser.add_argument(
-        "--flow-stream-rows",
-        type=int,
-        default=None,
-        help="ours only: EngineConfig.flow_stream_rows (incremental chunks per flow call; "
-        "default: the engine's)",
-    )
-    parser.add_argument(
-        "--traced-decode",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="ours only: EngineConfig.traced_decode (CPU decode steps replayed from TorchScript traces; "
-        "default on)",
-    )
-    parser.add_argument(
-        "--traced-flow",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="ours only: EngineConfig.traced_flow (CPU streaming flow steps replayed from TorchScript "
-        "traces; default on)",
-    )
-    parser.add_argument(
-        "--dtype",
-        choices=[d.value for d in Dtype],
-        default=Dtype.FP32.value,
-        help="ours only (upstream: fp32)",
-    )
-    parser.add_argument(
-        "--quantize",
-        choices=[q.value for q in Quantization],
-        default=Quantization.NONE.value,
-        help="ours only: LM weight quantization (upstream: none)",
-    )
-    parser.add_argument(
-        "--flow-quantize",
-        choices=[q.value for q in FlowQuantization],
-        default=FlowQuantization.NONE.value,
-        help="ours only: flow estimator weights (upstream: fp32)",
+        "--flow-quantize", choices=[q.value for q in FlowQuantization], help="ours only (default: the plan's)"
     )
     parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
     parser.add_argument("--sides", default="upstream,ours", help="comma-separated: upstream, ours")
@@ -691,8 +620,7 @@ def main() -> None:
     ratios = _ratios(reports) if len(reports) == 2 else None
     print(
         f"{args.tokens} tokens ({args.tokens / 25:.2f} s of audio) per request, {args.streams} streams, "
-        f"{args.prompt_seconds:g} s prompt; ours {args.dtype}/{args.quantize} "
-        f"(flow weights {args.flow_quantize}), upstream fp32; "
+        f"{args.prompt_seconds:g} s prompt; ours: {_plan(args, args.threads).describe()}; upstream fp32; "
         f"/proc/loadavg before: {uptime}"
     )
     print(_table(reports, ratios), end="")

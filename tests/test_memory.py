@@ -20,18 +20,15 @@ from cosyserve.models.kv_cache import KVCache
 _ROUNDS = """
 import json, resource, sys, threading
 import torch
-from cosyserve.memory import pretouch, retain_freed_memory
+from cosyserve.memory import retain_freed_memory
 
-if sys.argv[1] in ("retain", "pretouch"):
+if sys.argv[1] == "retain":
     assert retain_freed_memory()
 faults = []
 
 def rounds():  # on a thread of its own: its own malloc arena, as the engine's thread
-    if sys.argv[1] == "pretouch":
-        pretouch(2 << 30)
     for _ in range(2):
         before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-        # 1.5 MiB each, not the 1 MiB blocks pretouch uses: freed blocks serve other sizes.
         tensors = [torch.empty(3 << 19, dtype=torch.uint8).fill_(1) for _ in range(1365)]
         faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
         del tensors
@@ -64,17 +61,6 @@ def test_freed_memory_is_reused_without_page_faults() -> None:
     assert first > 2048 * 64 and second > first // 2
     first, second = _faults_of_two_rounds("retain")
     assert first > 2048 * 64 and second < first // 50
-
-
-def test_pretouched_memory_serves_the_first_tensors_without_page_faults() -> None:
-    if not retain_freed_memory():
-        pytest.skip("the C library is not glibc")
-    # Against a thread's first round on fresh memory (the test above), a thread that
-    # pretouched 2 GiB first faults under 2 % as many pages in both of its rounds
-    # (measured: 2,700 and 400 of 262,000).
-    fresh, _ = _faults_of_two_rounds("retain")
-    first, second = _faults_of_two_rounds("pretouch")
-    assert fresh > 2048 * 64 and max(first, second) < fresh // 50
 
 
 def _resident_share(tensor: torch.Tensor) -> float:

@@ -20,10 +20,6 @@ then stays at its high-water mark (as with a preallocated cache pool) instead of
 shrinking between bursts of requests (peaks of 4536-4923 MiB for loading and single
 requests in runs 8-10, 4796 MiB in run 7 before this).
 
-:func:`pretouch` goes one step further for a thread that will need much new memory at
-once (the engine's, for a burst of streams): it faults the memory in at start, so that
-the burst finds it resident.
-
 :func:`release_pages` drops from the process the pages of memory-mapped checkpoint tensors
 that loading read once to convert or quantize them, so that they neither count in its
 resident memory nor raise its peak.
@@ -38,8 +34,6 @@ import logging
 import math
 import mmap
 import os
-import resource
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -61,10 +55,6 @@ _NEVER_TRIM = -1
 # than the top pad free: a pad of a whole heap keeps every heap. (The pad is also the
 # address space added when an arena grows: reserved, never touched, no memory.)
 _TOP_PAD = 64 << 20
-# Small blocks: they come from the thread's arena (below the mmap threshold) and fill its
-# 64 MiB heaps. 16 MiB blocks fit three to a heap and left a quarter of it untouched:
-# a later round of 1.5 MiB tensors faulted in 23 % of its pages against 1 % with these.
-_PRETOUCH_BLOCK = 1 << 20
 # madvise advice (Linux mman.h): the pages may be dropped; a file mapping refaults them.
 _MADV_DONTNEED = 4
 # Read by prefetch at a time, into one reused buffer.
@@ -85,31 +75,6 @@ def retain_freed_memory() -> bool:
     if not applied:
         logger.warning("glibc refused the malloc thresholds; freed memory goes back to the kernel")
     return applied
-
-
-def pretouch(nbytes: int) -> int:
-    """Fault ``nbytes`` of memory into the calling thread's malloc arena, then free it.
-
-    With :func:`retain_freed_memory` in force the memory stays in the process, resident,
-    and this thread's next tensors reuse it without page faults (as with the JVM's
-    ``-XX:+AlwaysPreTouch``): a server pays for its first burst of new memory at start
-    instead of in that burst's latency. The process's resident memory starts ``nbytes``
-    higher. Returns the process's page faults meanwhile (a few per block when the memory
-    was already the process's). Call it on the thread that will allocate the tensors.
-    """
-    if nbytes < 0:
-        raise ValueError("nbytes must not be negative")
-    start = time.perf_counter()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    blocks = [
-        torch.empty(_PRETOUCH_BLOCK, dtype=torch.uint8).fill_(0) for _ in range(-(-nbytes // _PRETOUCH_BLOCK))
-    ]
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-    del blocks
-    logger.info(
-        "pretouched %d MiB in %.1f s (%d page faults)", nbytes >> 20, time.perf_counter() - start, faults
-    )
-    return faults
 
 
 def prefetch(tensor: torch.Tensor) -> int:

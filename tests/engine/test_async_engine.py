@@ -1,7 +1,6 @@
-"""The engine's thread: its torch thread count, and the memory it pretouches at start."""
+"""The engine's thread: its torch thread count, and a start that fails."""
 
 import asyncio
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -12,7 +11,6 @@ from cosyserve.engine import async_engine as async_engine_module
 from cosyserve.engine.async_engine import AsyncEngine
 from cosyserve.engine.loader import LoadedModel
 from cosyserve.engine.request import StepOutput
-from cosyserve.memory import pretouch
 
 
 @pytest.fixture(autouse=True)
@@ -51,33 +49,14 @@ def test_an_engine_thread_needs_a_thread(tiny_model: LoadedModel) -> None:
         AsyncEngine(make_engine(tiny_model, max_active=1), threads=0)
 
 
-def test_start_returns_once_the_engine_thread_has_pretouched(
+def test_a_failed_start_leaves_a_dead_engine_not_a_hang(
     tiny_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls: list[tuple[str, int]] = []
+    def failing(count: int) -> None:
+        raise RuntimeError("can't set the thread count")
 
-    def recorded(nbytes: int) -> int:
-        faults = pretouch(nbytes)
-        calls.append((threading.current_thread().name, nbytes))
-        return faults
-
-    monkeypatch.setattr(async_engine_module, "pretouch", recorded)
-    engine = AsyncEngine(make_engine(tiny_model, max_active=2, pretouch_mb=64))
-    engine.start()
-    try:
-        assert calls == [("cosyserve-engine", 64 << 20)] and engine.alive
-    finally:
-        engine.shutdown()
-
-
-def test_a_failed_pretouch_leaves_a_dead_engine_not_a_hang(
-    tiny_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def failing(nbytes: int) -> int:
-        raise RuntimeError("can't allocate memory")
-
-    monkeypatch.setattr(async_engine_module, "pretouch", failing)
-    engine = AsyncEngine(make_engine(tiny_model, max_active=2, pretouch_mb=1 << 20))
+    monkeypatch.setattr(async_engine_module, "pin_torch_threads", failing)
+    engine = AsyncEngine(make_engine(tiny_model, max_active=2))
     engine.start()
     try:
         assert not engine.alive and isinstance(engine.error, RuntimeError)

@@ -5,20 +5,18 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from cosyserve.cli.bench import FlowCache
 from cosyserve.cli.main import app
-from cosyserve.engine.config import FLOW_CACHE_MODES
 
 
 def test_bench_engine_reports_every_level(tiny_model_dir: Path, tmp_path: Path) -> None:
     out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
     args = ["bench", "engine", "--model-dir", str(tiny_model_dir), "--tokens", "12", "--concurrency", "1,3"]
     args += ["--stream", "--first-hop", "5", "--prompt-seconds", "0.4", "--rounds", "1", "--no-progress"]
-    args += ["--flow-cache", "exact"]
+    args += ["--profile", "exact"]
     result = CliRunner().invoke(app, [*args, "--json", str(out_json), "--markdown", str(out_md)])
     assert result.exit_code == 0, result.output
     report = json.loads(out_json.read_text())
-    assert report["flow_cache"] == "exact"
+    assert (report["plan"]["profile"], report["plan"]["flow_cache"]) == ("exact", "cached")
     assert [level["concurrency"] for level in report["levels"]] == [1, 3]
     assert [level["requests"] for level in report["levels"]] == [1, 3]
     for level in report["levels"]:
@@ -38,15 +36,20 @@ def test_bench_engine_reports_every_level(tiny_model_dir: Path, tmp_path: Path) 
     assert len(rows) == 1 + 2 and rows[1].startswith("| 1 | 1 |") and rows[2].startswith("| 3 | 3 |")
 
 
-def test_bench_engine_can_prime_the_voice_prompt_whole(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_bench_engine_runs_the_fast_plan(tiny_model_dir: Path, tmp_path: Path) -> None:
     out_json = tmp_path / "bench.json"
     args = ["bench", "engine", "--model-dir", str(tiny_model_dir), "--tokens", "12", "--concurrency", "1"]
-    args += ["--stream", "--first-hop", "5", "--prompt-seconds", "1.0", "--rounds", "1", "--no-progress"]
-    result = CliRunner().invoke(app, [*args, "--flow-prompt-whole", "--json", str(out_json)])
+    args += ["--stream", "--prompt-seconds", "1.0", "--rounds", "1", "--no-progress"]
+    result = CliRunner().invoke(app, [*args, "--profile", "fast", "--json", str(out_json)])
     assert result.exit_code == 0, result.output
-    report = json.loads(out_json.read_text())
-    assert report["options"]["flow_prompt_whole"] is True and report["flow_cache"] == "incremental"
-    assert "voice prompt primed whole" in result.stdout
+    plan = json.loads(out_json.read_text())["plan"]
+    assert (plan["profile"], plan["flow_cache"], plan["flow_prompt_whole"], plan["first_hop"]) == (
+        "fast",
+        "incremental",
+        "on",
+        "5",
+    )
+    assert "plan profile fast (" in result.stdout and "flow_prompt_whole=on" in result.stdout
 
 
 def test_bench_engine_rejects_bad_levels(tiny_model_dir: Path) -> None:
@@ -57,29 +60,25 @@ def test_bench_engine_rejects_bad_levels(tiny_model_dir: Path) -> None:
     assert "comma-separated" in result.stderr
 
 
-def test_the_cli_offers_every_flow_cache_mode() -> None:
-    assert tuple(m.value for m in FlowCache) == FLOW_CACHE_MODES
-
-
 def test_bench_engine_reports_the_precision(tiny_model_dir: Path, tmp_path: Path) -> None:
     out_json = tmp_path / "bench.json"
     args = ["bench", "engine", "--model-dir", str(tiny_model_dir), "--tokens", "5", "--concurrency", "1"]
-    args += ["--dtype", "bf16", "--rounds", "1", "--prompt-seconds", "0.4", "--no-warm-up", "--no-progress"]
-    result = CliRunner().invoke(app, [*args, "--json", str(out_json)])
+    args += ["--profile", "exact", "--dtype", "bf16", "--rounds", "1", "--prompt-seconds", "0.4"]
+    result = CliRunner().invoke(app, [*args, "--no-warm-up", "--no-progress", "--json", str(out_json)])
     assert result.exit_code == 0, result.output
     report = json.loads(out_json.read_text())
-    assert report["precision"] == {
-        "dtype": "bf16",
-        "quantize": "none",
-        "device": "cpu",
-        "compile": False,
-        "flow_quantize": "none",
-    }
+    plan = report["plan"]
+    assert (plan["dtype"], plan["quantize"], plan["flow_quantize"], plan["device"]) == (
+        "bf16",
+        "none",
+        "none",
+        "cpu",
+    )
     assert report["kv_cache_dtype"] == "bfloat16"
     assert report["levels"][0]["requests"] == 1
     header = result.stdout.splitlines()[0]
     assert (
-        "precision bf16/none on cpu (lm bfloat16, flow bfloat16, hift float32), KV cache bfloat16" in header
+        "device=cpu dtype=bf16 quantize=none flow_quantize=none" in header and "KV cache bfloat16" in header
     )
 
 

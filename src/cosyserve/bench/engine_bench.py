@@ -8,7 +8,6 @@ speaks its own text with the same voice and forces ``tokens`` speech tokens.
 """
 
 import asyncio
-import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -18,10 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cosyserve.accel.precision import Precision
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.async_engine import AsyncEngine
-from cosyserve.engine.config import FlowCacheMode
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.loader import LoadedModel, engine_config_for
 from cosyserve.engine.request import GenerationSpec
@@ -34,9 +31,7 @@ WARM_UP_TOKENS = 30
 
 @dataclass(frozen=True)
 class BenchOptions:
-    """What to run. ``first_hop``: tokens in a stream's first chunk (None: upstream's);
-    ``flow_cache``: the engine's streaming flow mode (None: the device's default, ``default_flow_cache``);
-    ``flow_prompt_whole``: ``EngineConfig.flow_prompt_whole``."""
+    """What to run. ``first_hop``: tokens in a stream's first chunk (None: the plan's)."""
 
     tokens: int = 150
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -45,8 +40,6 @@ class BenchOptions:
     rounds: int = 2
     seed: int = 0
     first_hop: int | None = None
-    flow_cache: FlowCacheMode | None = None
-    flow_prompt_whole: bool = False
     warm_up: bool = True
 
     def __post_init__(self) -> None:
@@ -109,15 +102,14 @@ class LevelResult:
 
 @dataclass(frozen=True)
 class BenchReport:
-    """``precision``: how the model was loaded; ``kv_cache_dtype``: the engine's KV cache
-    dtype (e.g. ``bfloat16``), which follows the precision."""
+    """``plan``: how the model was loaded and runs (:meth:`Plan.labels`); ``kv_cache_dtype``:
+    the engine's KV cache dtype (e.g. ``bfloat16``), which follows the precision."""
 
     model_dir: str
     options: BenchOptions
     torch_threads: int
     cpu_count: int
-    flow_cache: str
-    precision: Precision
+    plan: dict[str, str]
     kv_cache_dtype: str
     load_average_before: tuple[float, float, float]
     levels: list[LevelResult] = field(default_factory=list)
@@ -136,17 +128,13 @@ def run_engine_bench(
     voice = synthetic_voice(hp, options.prompt_seconds, seed=options.seed, name="bench")
     top = max(options.concurrency)
     config = engine_config_for(model, max_active=top, max_waiting=top)
-    if options.flow_cache is not None:
-        config = dataclasses.replace(config, flow_cache=options.flow_cache)
-    config = dataclasses.replace(config, flow_prompt_whole=options.flow_prompt_whole)
     engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config), threads=threads)
     report = BenchReport(
         model_dir=str(model.model_dir.root),
         options=options,
         torch_threads=threads,
         cpu_count=os.cpu_count() or 1,
-        flow_cache=config.flow_cache,
-        precision=model.precision,
+        plan=model.plan.labels(),
         kv_cache_dtype=str(config.dtype).removeprefix("torch."),
         load_average_before=os.getloadavg(),
     )

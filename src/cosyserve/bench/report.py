@@ -24,9 +24,7 @@ def report_markdown(report: BenchReport) -> str:
     lines = [
         f"Engine benchmark: `{report.model_dir}`, {mode}, {opts.tokens} forced speech tokens "
         f"({opts.tokens / 25:.2f} s of audio) per request, {opts.prompt_seconds:g} s synthetic prompt, "
-        f"{opts.rounds} rounds per level; flow cache {report.flow_cache}"
-        f"{', voice prompt primed whole' if opts.flow_prompt_whole else ''}; "
-        f"precision {report.precision.describe()}, KV cache {report.kv_cache_dtype}; "
+        f"{opts.rounds} rounds per level; plan {_plan_line(report.plan)}, KV cache {report.kv_cache_dtype}; "
         f"torch threads {report.torch_threads} of {report.cpu_count} CPUs; load average before: {load}.",
         "",
         "| concurrency | requests | first chunk p50 / p95 / p99 (s) | total p50 / p95 / p99 (s) "
@@ -47,3 +45,9 @@ def report_markdown(report: BenchReport) -> str:
 
 def _triple(p: Percentiles) -> str:
     return f"{p.p50:.2f} / {p.p95:.2f} / {p.p99:.2f}"
+
+
+def _plan_line(labels: dict[str, str]) -> str:
+    """``Plan.describe``'s line, from its labels (what the JSON report keeps)."""
+    shown = " ".join(f"{k}={v}" for k, v in labels.items() if k not in ("profile", "basis"))
+    return f"profile {labels['profile']} ({labels['basis']}): {shown}"

@@ -2,25 +2,20 @@
 and ``bench server`` (see :mod:`cosyserve.bench.server_load`)."""
 
 from collections.abc import Callable
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
 
-from cosyserve.accel.precision_choices import Dtype, FlowQuantization, Quantization
-from cosyserve.cli.precision import device_option, dtype_option, flow_quantize_option, quantize_option
+from cosyserve.accel.precision_choices import Choices, Dtype, FlowQuantization, Profile, Quantization
+from cosyserve.cli.precision import (
+    device_option,
+    dtype_option,
+    flow_quantize_option,
+    profile_option,
+    quantize_option,
+)
 from cosyserve.paths import default_model_dir, require_model_dir
-
-
-class FlowCache(StrEnum):
-    """The CLI's copy of ``cosyserve.engine.config.FlowCacheMode`` (that module imports torch,
-    which ``--help`` should not wait for)."""
-
-    exact = "exact"
-    cached = "cached"
-    incremental = "incremental"
-
 
 _Report = TypeVar("_Report")
 
@@ -68,27 +63,14 @@ def bench_engine(
     ] = 3.0,
     rounds: Annotated[int, typer.Option(min=1, help="Requests per level: rounds x concurrency.")] = 2,
     first_hop: Annotated[
-        int | None, typer.Option(min=5, help="Tokens in a stream's first chunk (default: upstream's).")
+        int | None, typer.Option(min=5, help="Tokens in a stream's first chunk (default: the plan's).")
     ] = None,
-    flow_cache: Annotated[
-        FlowCache | None,
-        typer.Option(
-            help="Streaming flow mode (default: incremental on CPU, exact on CUDA; EngineConfig.flow_cache).",
-            show_default=False,
-        ),
-    ] = None,
-    flow_prompt_whole: Annotated[
-        bool,
-        typer.Option(
-            "--flow-prompt-whole",
-            help="Prime the voice prompt through its last block (EngineConfig.flow_prompt_whole).",
-        ),
-    ] = False,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
-    dtype: Annotated[Dtype, dtype_option()] = Dtype.FP32,
-    quantize: Annotated[Quantization, quantize_option()] = Quantization.NONE,
-    flow_quantize: Annotated[FlowQuantization, flow_quantize_option()] = FlowQuantization.NONE,
-    device: Annotated[str, device_option()] = "cpu",
+    profile: Annotated[Profile, profile_option()] = Profile.AUTO,
+    dtype: Annotated[Dtype | None, dtype_option()] = None,
+    quantize: Annotated[Quantization | None, quantize_option()] = None,
+    flow_quantize: Annotated[FlowQuantization | None, flow_quantize_option()] = None,
+    device: Annotated[str | None, device_option()] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the prompt, texts and sampling.")] = 0,
     warm_up: Annotated[bool, typer.Option(help="Run one short request before measuring.")] = True,
     json_out: _JsonOut = None,
@@ -101,6 +83,8 @@ def bench_engine(
     # Imported here so that other commands (and --help) do not pay for torch.
     import torch
 
+    from cosyserve.accel.machine import Machine
+    from cosyserve.accel.plan import choose_plan
     from cosyserve.bench.engine_bench import BenchOptions, run_engine_bench
     from cosyserve.bench.report import report_json, report_markdown
     from cosyserve.engine.loader import load_model
@@ -113,19 +97,12 @@ def bench_engine(
         rounds=rounds,
         seed=seed,
         first_hop=first_hop,
-        flow_cache=None if flow_cache is None else flow_cache.value,
-        flow_prompt_whole=flow_prompt_whole,
         warm_up=warm_up,
     )
     if threads is not None:
         torch.set_num_threads(threads)
-    model = load_model(
-        require_model_dir(model_dir or default_model_dir()),
-        dtype=dtype,
-        quantize=quantize,
-        device=device,
-        flow_quantize=flow_quantize,
-    )
+    plan = choose_plan(Machine.detect(), profile, Choices(dtype, quantize, flow_quantize, device))
+    model = load_model(require_model_dir(model_dir or default_model_dir()), plan)
     report = _with_progress(
         levels, lambda c: rounds * c, progress, lambda advance: run_engine_bench(model, options, advance)
     )

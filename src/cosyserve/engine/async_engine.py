@@ -21,7 +21,7 @@ from cosyserve.engine.admission import Admission
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.request import GenerationSpec, StepOutput
 from cosyserve.errors import CosyserveError, InvalidRequestError
-from cosyserve.memory import pretouch, retain_freed_memory
+from cosyserve.memory import retain_freed_memory
 from cosyserve.parallelism import pin_torch_threads
 
 logger = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class AsyncEngine:
         retain_freed_memory()
         self._thread = threading.Thread(target=self._run, name="cosyserve-engine", daemon=True)
         self._thread.start()
-        # Back once the thread is ready (its pretouch done, if any) or has died trying.
+        # Back once the thread is ready (its torch threads pinned) or has died trying.
         self._started.wait()
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -154,8 +154,6 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             pin_torch_threads(self.threads)
-            if self.engine.config.pretouch_mb:
-                pretouch(self.engine.config.pretouch_mb << 20)
             self._started.set()
             while True:
                 with self._cond:

@@ -80,9 +80,6 @@ class EngineConfig:
     chunk's hop doubles up to 100 tokens (25, 50, 100, ...). Off, the hop stays 25: with
     the incremental flow cache a chunk costs its own tokens, so short hops cost no more in
     all and keep the audio flowing evenly.
-    ``pretouch_mb``: MiB of memory the engine's thread faults in when it starts and keeps
-    for its tensors (``cosyserve.memory.pretouch``), so that the first burst of streams'
-    flow caches finds it resident; the process's RSS starts that much higher. 0: none.
     """
 
     max_active: int = DEFAULT_MAX_ACTIVE
@@ -100,7 +97,6 @@ class EngineConfig:
     cuda_graphs: bool = True
     traced_decode: bool = True
     traced_flow: bool = True
-    pretouch_mb: int = 0
     first_hop: int | None = None
     hop_growth: bool = False
     dtype: torch.dtype = torch.float32
@@ -116,7 +112,7 @@ class EngineConfig:
             raise ValueError(f"flow_cache must be one of {FLOW_CACHE_MODES}")
         if self.prefix_cache_positions < 0:
             raise ValueError("prefix_cache_positions must not be negative")
-        for name in ("flow_prompt_cache_mb", "flow_stream_cache_mb", "pretouch_mb", "flow_stream_rows"):
+        for name in ("flow_prompt_cache_mb", "flow_stream_cache_mb", "flow_stream_rows"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
         if self.first_hop is not None and self.first_hop < 1:

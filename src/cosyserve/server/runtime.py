@@ -110,7 +110,6 @@ class ServerRuntime:
             # Off the event loop: the engine captures its decode steps as it is made.
             engine = await asyncio.to_thread(Engine, model.lm, model.flow, model.hift, config)
             self._engine = AsyncEngine(engine, threads=threads)
-            # Off the event loop: start() waits for the engine thread's pretouch, if any.
             await asyncio.to_thread(self._engine.start)
             self._voices = await asyncio.to_thread(VoiceStore, settings.voices_db)
             limits = ServiceLimits(deadline_s=settings.deadline_s or None)
