@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from cosyserve.accel import native_int8
+from cosyserve.accel.machine import Cpu, Machine
 from cosyserve.accel.native_int8 import NativeInt8Packer
 from cosyserve.accel.onednn_int8 import INPUT_SCALE, INPUT_ZERO_POINT
 from cosyserve.accel.precision import Precision
@@ -23,6 +24,8 @@ from cosyserve.weights.randomize import randomize_
 from tests.accel.test_quantize_fusion import DYNAMIC_INT8, int8_linear, mixed_rows
 
 pytestmark = DYNAMIC_INT8
+THIS_CPU = Machine.detect().cpu
+VNNI_CPU = Cpu("Cascade Lake", 2, avx2=True, avx512=True, vnni=True)
 
 # Odd widths: inputs not a multiple of 4, outputs not a multiple of 16.
 SMALL = LMConfig(
@@ -43,7 +46,7 @@ SMALL = LMConfig(
 
 @pytest.fixture(scope="module")
 def packer() -> NativeInt8Packer:
-    packer = NativeInt8Packer.create(INPUT_SCALE, INPUT_ZERO_POINT)
+    packer = NativeInt8Packer.create(INPUT_SCALE, INPUT_ZERO_POINT, THIS_CPU)
     if packer is None:
         pytest.skip("the int8 kernel runs only where it builds: AVX-512 VNNI and a C++ compiler")
     return packer
@@ -132,13 +135,10 @@ def test_the_op_refuses_mismatched_arguments(packer: NativeInt8Packer) -> None:
         torch.ops.cosyserve.int8_rows(torch.randn(2, 64), *args[:4], 80, *args[5:])
 
 
-def _small_lm(native: bool, monkeypatch: pytest.MonkeyPatch) -> CosyVoice2LM:
+def _small_lm(native: bool) -> CosyVoice2LM:
     lm = CosyVoice2LM(SMALL)
     randomize_(lm, torch.Generator().manual_seed(0))
-    with monkeypatch.context() as patch:
-        if not native:
-            patch.setattr(NativeInt8Packer, "create", classmethod(lambda cls, *args: None))
-        quantize_lm_(lm.eval(), Precision.resolve(quantize="int8"))
+    quantize_lm_(lm.eval(), Precision.resolve(quantize="int8"), native=THIS_CPU if native else None)
     return lm
 
 
@@ -160,14 +160,12 @@ def _run(lm: CosyVoice2LM, traced: bool) -> list[torch.Tensor]:
     return outputs
 
 
-def test_lm_prefills_and_traced_steps_give_fbgemms_bits(
-    packer: NativeInt8Packer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    lm = _small_lm(native=True, monkeypatch=monkeypatch)
+def test_lm_prefills_and_traced_steps_give_fbgemms_bits(packer: NativeInt8Packer) -> None:
+    lm = _small_lm(native=True)
     linears = [m for m in lm.modules() if isinstance(m, Int8DynamicLinear)]
     # Every Linear on the kernel, fbgemm's copy of its weights gone.
     assert linears and all(m.native is not None and m.packed is None for m in linears)
-    reference = _small_lm(native=False, monkeypatch=monkeypatch)
+    reference = _small_lm(native=False)
     assert all(
         m.native is None and m.packed is not None
         for m in reference.modules()
@@ -179,21 +177,21 @@ def test_lm_prefills_and_traced_steps_give_fbgemms_bits(
         assert torch.equal(g, w)
 
 
-def test_the_switch_turns_the_kernel_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(native_int8, "load", lambda: True)
-    monkeypatch.setenv(native_int8.ENV_SWITCH, "0")
-    assert NativeInt8Packer.create(INPUT_SCALE, INPUT_ZERO_POINT) is None
-    monkeypatch.setenv(native_int8.ENV_SWITCH, "1")
-    assert NativeInt8Packer.create(INPUT_SCALE, INPUT_ZERO_POINT) is not None
+def test_only_the_plans_int8_kernel_packs_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quantizing without the plan's CPU never touches the kernel, whatever this CPU has."""
+    monkeypatch.setattr(NativeInt8Packer, "create", classmethod(lambda *_: pytest.fail("packed")))
+    lm = _small_lm(native=False)
+    assert all(
+        m.native is None and m.packed is not None for m in lm.modules() if isinstance(m, Int8DynamicLinear)
+    )
 
 
 def test_a_cpu_without_vnni_never_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch.utils import cpp_extension
 
-    monkeypatch.setattr(native_int8, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f"}))
     monkeypatch.setattr(cpp_extension, "load", lambda **_: pytest.fail("built on a CPU that cannot run it"))
-    assert not native_int8.supported()
-    assert native_int8.load.__wrapped__() is False
+    assert native_int8.load.__wrapped__(Cpu("Zen 3", 2, avx2=True)) is False
+    assert native_int8.load.__wrapped__(Cpu("Skylake", 2, avx2=True, avx512=True)) is False
 
 
 def test_a_failed_build_leaves_fbgemm(
@@ -207,12 +205,11 @@ def test_a_failed_build_leaves_fbgemm(
         calls.append(kwargs)
         raise RuntimeError("Error building extension 'cosyserve_int8_rows'")
 
-    monkeypatch.setattr(native_int8, "supported", lambda: True)
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
     with caplog.at_level(logging.WARNING, logger="cosyserve.accel.native_int8"):
-        assert native_int8.load.__wrapped__() is False
+        assert native_int8.load.__wrapped__(VNNI_CPU) is False
     assert "could not be built (RuntimeError" in caplog.text
-    assert native_int8.ENV_SWITCH in caplog.text
+    assert "Install a C++ compiler (g++)" in caplog.text
     # Built in a directory of this installed source's own.
     (call,) = calls
     assert Path(str(call["build_directory"])).name.startswith("cosyserve_int8_rows-")

@@ -4,6 +4,7 @@ whole LM steps and in traced decode steps. Runs where oneDNN is used: a CPU with
 import pytest
 import torch
 
+from cosyserve.accel.machine import Machine
 from cosyserve.accel.onednn_int8 import MIN_OUTPUTS, MIN_ROWS, OneDnnPacker
 from cosyserve.accel.precision import Precision
 from cosyserve.accel.quantize import Int8DynamicLinear, quantize_lm_
@@ -15,6 +16,7 @@ from cosyserve.weights.randomize import randomize_
 from tests.accel.test_quantize_fusion import DYNAMIC_INT8, int8_linear, mixed_rows
 
 pytestmark = DYNAMIC_INT8
+THIS_CPU = Machine.detect().cpu
 
 # Wide enough that every Linear takes oneDNN from MIN_ROWS rows on (out features x 2 rows
 # >= MIN_OUTPUTS), with small vocabularies to stay fast.
@@ -36,9 +38,9 @@ WIDE = LMConfig(
 
 @pytest.fixture(scope="module")
 def packer() -> OneDnnPacker:
-    packer = OneDnnPacker.create()
+    packer = OneDnnPacker.create() if THIS_CPU.amx else None
     if packer is None:
-        pytest.skip("oneDNN's int8 matmul is used only on CPUs with AMX tiles")
+        pytest.skip("oneDNN's int8 matmul is used only on CPUs with AMX tiles (the plan's onednn_int8)")
     return packer
 
 
@@ -68,7 +70,7 @@ def test_several_rows_give_fbgemms_bits(packer: OneDnnPacker, in_features: int, 
 def _wide_lm() -> CosyVoice2LM:
     lm = CosyVoice2LM(WIDE)
     randomize_(lm, torch.Generator().manual_seed(0))
-    quantize_lm_(lm.eval(), Precision.resolve(quantize="int8"))
+    quantize_lm_(lm.eval(), Precision.resolve(quantize="int8"), native=THIS_CPU, onednn=True)
     return lm
 
 

@@ -131,7 +131,9 @@ def test_a_gpu_machine_plans_for_its_gpu(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_the_plan_is_one_line_and_text_labels() -> None:
     plan = choose_plan(ZEN3, "auto", threads=2)
     line = plan.describe()
-    assert "\n" not in line and line.startswith("profile auto (measured on avx2): device=cpu dtype=fp32")
+    assert "\n" not in line and line.startswith(
+        "profile auto (measured on avx2): cpu=avx2 device=cpu dtype=fp32"
+    )
     labels = plan.labels()
     assert all(isinstance(v, str) for v in labels.values())
     assert labels["int8_kernel"] == "fbgemm" and labels["first_hop"] == "5" and labels["threads"] == "2"

@@ -163,7 +163,9 @@ def test_the_plan_heads_the_report_and_sets_the_intent(good: Facts) -> None:
     assert facts.intent("cpu", "fp32", None) == Intent("cpu", "fp32", "int8")  # flags win, one each
     checks = evaluate(facts, intent)
     assert checks[0].name == "plan" and checks[0].status is Status.OK
-    assert checks[0].detail.startswith("profile auto (measured on avx512_bf16): device=cpu dtype=bf16")
+    assert checks[0].detail.startswith(
+        "profile auto (measured on avx512_bf16): cpu=avx512_bf16 device=cpu dtype=bf16"
+    )
     zen3 = Machine(Cpu("Zen 3", 2, avx2=True), fbgemm=True)
     slow = dataclasses.replace(facts, plan=choose_plan(zen3, "auto", Choices(dtype="bf16")))
     assert statuses(slow)["plan"] is Status.WARN  # emulated bf16, said with the fix

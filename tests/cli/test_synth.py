@@ -182,8 +182,9 @@ def test_human_report_names_each_stage(tiny_model_dir: Path, tmp_path: Path) -> 
     assert lines[0].startswith(f"wrote {out}: 0.20 s of audio at 24000 Hz (sft, non-stream, seed ")
     assert lines[1].startswith("wall ") and " RTF " in lines[1] and "first chunk" in lines[1]
     labels = [line.split()[0] for line in lines[2:-1]]
-    assert labels == ["model", "frontend", "LM", "LM", "flow", "HiFT", "other"]
-    assert "(4 steps, " in lines[5] and "tok/s)" in lines[5]
+    assert labels == ["model", "plan", "frontend", "LM", "LM", "flow", "HiFT", "other"]
+    assert lines[3].split(maxsplit=1)[1].startswith("profile auto (")  # no flags: the auto plan
+    assert "(4 steps, " in lines[6] and "tok/s)" in lines[6]
     assert lines[-1].startswith("peak RSS ")
     assert _read_wav(out).shape == (5 * SAMPLES_PER_TOKEN,)
 
@@ -321,10 +322,21 @@ def test_precision_flags(
 ) -> None:
     out = tmp_path / "out.wav"
     report = _json_run(
-        tiny_model_dir, "Hello.", "--speaker", "英文男", "--tokens", "5", "-o", str(out), *flags
+        tiny_model_dir,
+        "Hello.",
+        "--speaker",
+        "英文男",
+        "--tokens",
+        "5",
+        "-o",
+        str(out),
+        "--profile",
+        "exact",
+        *flags,
     )
     # kv_cache_dtype is read from the engine's cache tensors, not from the flags.
     assert (report["precision"], report["kv_cache_dtype"]) == (precision, kv_cache_dtype)
+    assert report["plan"].startswith("profile exact (parity with upstream): ")
     assert _read_wav(out).shape == (5 * SAMPLES_PER_TOKEN,)
 
 

@@ -12,6 +12,8 @@ import dataclasses
 import pytest
 import torch
 
+from cosyserve.accel.machine import Machine
+from cosyserve.accel.plan import Choices, choose_plan
 from cosyserve.accel.precision import Precision
 from cosyserve.accel.quantize import quantize_lm_
 from cosyserve.engine.decode_graphs import DecodeGraphs, EagerCapture
@@ -35,7 +37,10 @@ CFG = dataclasses.replace(TINY.lm, qwen=QWEN, llm_input_size=HIDDEN, llm_output_
 def lm() -> CosyVoice2LM:
     torch.manual_seed(0)
     model = CosyVoice2LM(CFG)
-    quantize_lm_(model, Precision.resolve("bf16", "int8"))
+    # On the kernels this CPU's plan would use: a row's bits must not depend on its batch there.
+    plan = choose_plan(Machine.detect(), "fast", Choices(dtype="bf16", quantize="int8"))
+    native = plan.machine.cpu if plan.native_int8 else None
+    quantize_lm_(model, Precision.resolve("bf16", "int8"), native=native, onednn=plan.onednn_int8)
     model.lay_out_head_for_decode_()
     return model.eval().requires_grad_(False)
 

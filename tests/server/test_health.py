@@ -18,7 +18,7 @@ def test_health_shows_the_plan(server: ServerProcess) -> None:
         "fp32",
     )
     # The same plan in one start-up log line and as the info metric.
-    server.log_with("plan: profile exact (parity with upstream): device=cpu", "hop_growth=on")
+    server.log_with("plan: profile exact (parity with upstream): cpu=", "device=cpu", "hop_growth=on")
     metrics = httpx.get(f"{server.url}/metrics").text
     assert "cosyserve_plan_info{" in metrics and 'profile="exact"' in metrics
 

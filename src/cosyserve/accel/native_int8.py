@@ -35,6 +35,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from cosyserve.accel.machine import Cpu
+
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "int8_rows.cpp"
@@ -54,11 +56,13 @@ _CFLAGS = (
 
 
 @functools.cache
-def load() -> bool:
-    """Build (or take from the cache) and load the kernel, once per process; whether
-    ``torch.ops.cosyserve.int8_rows`` can be called. Only for a CPU with AVX-512 VNNI (the
-    plan's ``native_int8``). A failed build is logged once, with what to do, and fbgemm
-    stays."""
+def load(cpu: Cpu) -> bool:
+    """Build (or take from the cache) and load the kernel, once per process, where ``cpu``
+    runs it (AVX-512 VNNI: elsewhere loading the library would stop the process with an
+    illegal instruction); whether ``torch.ops.cosyserve.int8_rows`` can be called. A failed
+    build is logged once, with what to do, and fbgemm stays."""
+    if not cpu.vnni:
+        return False
     from torch.utils import cpp_extension  # imports setuptools: only where it is used
 
     if shutil.which("ninja") is None:
@@ -166,9 +170,9 @@ class NativeInt8Packer:
         self._checked: dict[tuple[int, int, bool], bool] = {}  # (in, out, bias) -> fbgemm's bits
 
     @classmethod
-    def create(cls, input_scale: float, zero_point: int) -> "NativeInt8Packer | None":
-        """A packer where the kernel loads (:func:`load`); None otherwise."""
-        if not load():
+    def create(cls, input_scale: float, zero_point: int, cpu: Cpu) -> "NativeInt8Packer | None":
+        """A packer where the kernel loads on ``cpu`` (:func:`load`); None otherwise."""
+        if not load(cpu):
             return None
         return cls(input_scale, zero_point)
 

@@ -56,7 +56,8 @@ FAST_FIRST_HOP = 5
 class Plan:
     """One process's speed choices.
 
-    ``profile``: the profile asked for; ``basis``: what the choice rests on (for logs).
+    ``profile``: the profile asked for; ``basis``: what the choice rests on (for logs);
+    ``machine``: what it was chosen for.
     ``native_int8``: the LM's int8 Linears on our AVX-512 VNNI kernel
     (:mod:`cosyserve.accel.native_int8`); ``onednn_int8``: calls of several rows on oneDNN
     (AMX). Both give fbgemm's bits. ``packed_bf16``: the bf16 flow's Linears and
@@ -74,6 +75,7 @@ class Plan:
     profile: Profile
     basis: str
     precision: Precision
+    machine: Machine
     native_int8: bool = False
     onednn_int8: bool = False
     packed_bf16: bool = False
@@ -99,6 +101,7 @@ class Plan:
         return {
             "profile": str(self.profile),
             "basis": self.basis,
+            "cpu": str(self.machine.cpu.kind),
             "device": p.device,
             "dtype": str(p.dtype),
             "quantize": str(p.quantize),
@@ -150,9 +153,8 @@ def choose_plan(
         basis, fast = f"safe: no measured plan for {machine.cpu.kind}", False
         picked = (Dtype.FP32, Quantization.NONE, FlowQuantization.NONE)
     precision = _precision(picked, choices, device)
-    return _fill(
-        Plan(profile, basis, precision, threads=threads or torch.get_num_threads()), machine, fast, profile
-    )
+    plan = Plan(profile, basis, precision, machine, threads=threads or torch.get_num_threads())
+    return _fill(plan, fast)
 
 
 def _measured(machine: Machine, on_cuda: bool) -> tuple[Dtype, Quantization, FlowQuantization] | None:
@@ -176,8 +178,8 @@ def _precision(
     return Precision.resolve(dtype, quantize, device, choices.compile, flow_quantize)
 
 
-def _fill(plan: Plan, machine: Machine, fast: bool, profile: Profile) -> Plan:
-    p = plan.precision
+def _fill(plan: Plan, fast: bool) -> Plan:
+    p, machine, profile = plan.precision, plan.machine, plan.profile
     cpu = not p.on_cuda
     int8 = p.quantize is Quantization.INT8 and cpu
     bf16_flow = p.flow_dtype == torch.bfloat16 and cpu

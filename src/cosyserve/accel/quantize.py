@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from cosyserve.accel.machine import Cpu
 from cosyserve.accel.native_int8 import NativeInt8Packer, NativeInt8Weight
 from cosyserve.accel.onednn_int8 import INPUT_SCALE, INPUT_ZERO_POINT, OneDnnInt8Weight, OneDnnPacker
 from cosyserve.accel.precision import Precision, PrecisionError, Quantization, require_torchao
@@ -57,12 +58,13 @@ M = TypeVar("M", bound=nn.Module)
 
 
 def quantize_lm_(
-    lm: CosyVoice2LM, precision: Precision, *, native: bool = False, onednn: bool = False
+    lm: CosyVoice2LM, precision: Precision, *, native: Cpu | None = None, onednn: bool = False
 ) -> None:
     """Quantize ``lm``'s decoder-layer Linear modules as ``precision`` says (nothing for
     ``none``). On CUDA ``lm`` must already be on its device in ``precision.lm_dtype``.
-    Dynamic int8 runs on our kernel with ``native`` (AVX-512 VNNI) and calls of several rows
-    on oneDNN with ``onednn`` (AMX), each where it loads; else on fbgemm.
+    Dynamic int8 runs on our kernel on the ``native`` CPU (one with AVX-512 VNNI; None: not
+    at all) and calls of several rows on oneDNN with ``onednn`` (AMX), each where it loads;
+    else on fbgemm.
 
     Dynamic int8 (CPU) takes the speech head too: its 6564 x 896 float32 weight is read
     whole on every decode step, 1.2-1.4 ms of a batch-1 step against about 0.3 ms in int8,
@@ -82,7 +84,11 @@ def quantize_lm_(
     release = PageReleaser()
     dynamic = quantize_dynamic is not None
     onednn_packer = OneDnnPacker.create() if dynamic and onednn else None
-    native_packer = NativeInt8Packer.create(INPUT_SCALE, INPUT_ZERO_POINT) if dynamic and native else None
+    native_packer = (
+        NativeInt8Packer.create(INPUT_SCALE, INPUT_ZERO_POINT, native)
+        if dynamic and native is not None
+        else None
+    )
     for layer in layers:
         weights = [module.weight for module in layer.modules() if isinstance(module, nn.Linear)]
         if quantize_dynamic is None:

@@ -311,7 +311,8 @@ def run(root: Path, job: Job, output: Path) -> SynthReport:
         text_frontend_s=frontend_s - prompt_features_s,
         engine=StageCounters.between(before, synth.engine.stats.snapshot()),
         peak_rss_mib=_peak_rss_mib(),
-        precision=synth.model.plan.describe(),
+        precision=synth.model.precision.describe(),
+        plan=synth.model.plan.describe(),
         kv_cache_dtype=str(synth.engine.lm_runner.cache.k.dtype).removeprefix("torch."),
     )
 

@@ -48,8 +48,9 @@ class SynthReport:
     and prompt mel (and the prompt transcript's normalisation).
     ``text_frontend_s``: normalising and splitting the text to speak.
     ``peak_rss_mib``: the process's peak resident memory, model load included.
-    ``precision``: how the model was loaded (``Precision.describe()``); ``kv_cache_dtype``:
-    the dtype of the engine's KV cache tensors (e.g. ``bfloat16``).
+    ``precision``: how the model was loaded (``Precision.describe()``); ``plan``: the whole
+    speed plan (``Plan.describe()``); ``kv_cache_dtype``: the dtype of the engine's KV cache
+    tensors (e.g. ``bfloat16``).
     """
 
     output: str
@@ -68,6 +69,7 @@ class SynthReport:
     engine: StageCounters
     peak_rss_mib: float
     precision: str
+    plan: str
     kv_cache_dtype: str
 
     @property
@@ -125,6 +127,7 @@ class SynthReport:
             },
             "peak_rss_mib": self.peak_rss_mib,
             "precision": self.precision,
+            "plan": self.plan,
             "kv_cache_dtype": self.kv_cache_dtype,
         }
 
@@ -143,6 +146,7 @@ class SynthReport:
             f"wall {self.wall_s:.3f} s  RTF {rtf}  {first}",
             f"  model load  {self.model_load_s:9.3f} s  (not in wall; {self.precision}, "
             f"KV cache {self.kv_cache_dtype})",
+            f"  plan        {self.plan}",
             f"  frontend    {self.frontend_s:9.3f} s  "
             f"(prompt features {self.prompt_features_s:.3f} s, text {self.text_frontend_s:.3f} s)",
             f"  LM prefill  {e.prefill_s:9.3f} s  ({e.prefill_positions} positions)",

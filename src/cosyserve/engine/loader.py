@@ -172,7 +172,9 @@ def _load_lm(model_dir: ModelDir, hp: ModelHParams, plan: Plan) -> CosyVoice2LM:
     lm.to(precision.lm_dtype)
     load_checkpoint(lm, model_dir.llm, lm_checkpoint_table(hp.lm))
     lm.to(precision.torch_device)
-    quantize_lm_(lm, precision, native=plan.native_int8, onednn=plan.onednn_int8)
+    quantize_lm_(
+        lm, precision, native=plan.machine.cpu if plan.native_int8 else None, onednn=plan.onednn_int8
+    )
     lm.lay_out_head_for_decode_()
     lm.eval().requires_grad_(False)
     # Memory-mapped in float32 and read a few rows per request: have its file read now.
