@@ -23,15 +23,21 @@ from typing import IO, TypeVar
 T = TypeVar("T")
 
 
-def model_parser(doc: str | None) -> argparse.ArgumentParser:
-    """The parser of a script described by ``doc`` that loads a model directory as the
-    server does: ``--model-dir``, ``--dtype`` (bf16) and ``--quantize`` (int8); and
-    ``--json``, a file the script also writes its report to."""
+def model_dir_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The parser of a script described by ``doc`` that runs on a model directory:
+    ``--model-dir``, and ``--json``, a file the script also writes its report to."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--json", type=Path)
+    return parser
+
+
+def model_parser(doc: str | None) -> argparse.ArgumentParser:
+    """:func:`model_dir_parser` for a script that loads the model in one precision:
+    ``--dtype`` (bf16) and ``--quantize`` (int8)."""
+    parser = model_dir_parser(doc)
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--quantize", default="int8")
-    parser.add_argument("--json", type=Path)
     return parser
 
 

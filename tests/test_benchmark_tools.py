@@ -1,5 +1,5 @@
-"""That ``benchmarks/load_memory.py`` runs and reports what docs/performance.md cites
-(``benchmarks/upstream_engine.py``: tests/test_benchmark_turns.py;
+"""That ``benchmarks/load_memory.py`` and ``benchmarks/profiles.py`` run and report what
+docs/performance.md cites (``benchmarks/upstream_engine.py``: tests/test_benchmark_turns.py;
 ``benchmarks/precision_quality.py``: tests/accel/test_precision.py)."""
 
 import json
@@ -21,6 +21,19 @@ def test_load_memory_reports_each_setting_and_new_text_reads_no_disk(
         assert result["mib"]["VmHWM"] >= result["mib"]["VmRSS"] > 0
         # Dropped from the page cache first, the embedding was read back at load.
         assert result["lookup_major_faults"] == 0
+
+
+def test_profiles_compares_the_default_with_explicit_flags(tiny_model_dir: Path, tmp_path: Path) -> None:
+    args = ("--configs", "no flags (auto),--profile exact", "--tokens", "5", "--repeats", "1")
+    report = _run_script("profiles.py", tiny_model_dir, tmp_path, *args)
+    results = report["results"]
+    assert list(results) == ["no flags (auto)", "--profile exact"]
+    assert results["no flags (auto)"]["plan"].startswith("profile auto (")
+    assert results["--profile exact"]["plan"].startswith("profile exact (parity with upstream)")
+    for result in results.values():
+        assert result["wall_s"] > 0 and result["lm_decode_s"] > 0 and result["flow_s"] > 0
+    assert report["fastest_explicit"] == "--profile exact"
+    assert report["ratio"] == results["no flags (auto)"]["wall_s"] / results["--profile exact"]["wall_s"]
 
 
 def _run_script(name: str, model_dir: Path, tmp_path: Path, *args: str) -> Any:

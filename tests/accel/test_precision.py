@@ -2,6 +2,7 @@
 (on the tiny random model; full-size numbers are in docs/precision.md), and the errors for
 settings this machine cannot run."""
 
+import dataclasses
 import json
 import logging
 import subprocess
@@ -14,6 +15,8 @@ import torch
 from torch import nn
 
 from cosyserve.accel import precision, quantize
+from cosyserve.accel.machine import Machine
+from cosyserve.accel.plan import Choices, choose_plan
 from cosyserve.accel.precision import (
     Dtype,
     FlowQuantization,
@@ -151,18 +154,15 @@ def test_cuda_without_a_gpu_is_refused() -> None:
     ("native", "dtype", "warned"), [(False, "bf16", True), (True, "bf16", False), (False, "fp32", False)]
 )
 def test_bf16_on_a_cpu_without_bf16_instructions_warns(
-    tiny_model_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-    native: bool,
-    dtype: str,
-    warned: bool,
+    tiny_model_dir: Path, caplog: pytest.LogCaptureFixture, native: bool, dtype: str, warned: bool
 ) -> None:
-    monkeypatch.setattr(precision, "native_cpu_bf16", lambda: native)
+    this = Machine.detect()
+    machine = dataclasses.replace(this, cpu=dataclasses.replace(this.cpu, bf16=native, amx=False))
     with caplog.at_level(logging.WARNING):
         resolved = Precision.resolve(dtype=dtype)
-        assert not caplog.records  # checking a setting (as `serve` does before it loads) says nothing
-        model = load_model(tiny_model_dir, dtype=dtype)
+        plan = choose_plan(machine, "exact", Choices(dtype=dtype))
+        assert not caplog.records  # choosing a plan (as `serve` does before it loads) says nothing
+        model = load_model(tiny_model_dir, plan)
     assert resolved.dtype == model.precision.dtype == dtype  # still allowed: slow, not wrong
     advice = [r.getMessage() for r in caplog.records if "without bfloat16 instructions" in r.getMessage()]
     assert len(advice) == int(warned)  # once per load

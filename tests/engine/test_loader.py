@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosyserve.accel.flow_cache_mode import default_flow_cache
+from cosyserve.accel.machine import Machine
+from cosyserve.accel.plan import Choices, choose_plan
 from cosyserve.engine.loader import engine_config_for, load_model
 from cosyserve.pipeline.synthesizer import Synthesizer
 
@@ -38,17 +39,20 @@ def test_kv_cache_follows_the_precision(
     assert engine.prefix_cache is not None and engine.prefix_cache.k.dtype == kv_dtype
 
 
-def test_the_flow_cache_default_follows_the_device(tiny_model_dir: Path) -> None:
-    assert engine_config_for(load_model(tiny_model_dir)).flow_cache == "incremental"
-    assert default_flow_cache("cpu") == "incremental"
-    assert default_flow_cache("cuda") == default_flow_cache("cuda:1") == "exact"
+def test_the_engine_takes_the_plans_flow_cache(tiny_model_dir: Path) -> None:
+    exact = load_model(tiny_model_dir)  # load_model's default plan: the exact profile
+    assert engine_config_for(exact).flow_cache == "cached"
+    fast = dataclasses.replace(exact, plan=choose_plan(Machine.detect(), "fast", Choices(quantize="none")))
+    assert engine_config_for(fast).flow_cache == "incremental"
+    assert engine_config_for(fast, flow_cache="exact").flow_cache == "exact"  # an override wins
 
 
 def test_a_compiled_lm_is_not_traced(tiny_model_dir: Path) -> None:
     model = load_model(tiny_model_dir)
     assert engine_config_for(model).traced_decode  # the default
     # As if loaded with compile=True (compiling takes minutes; the slow suite does it).
-    compiled = dataclasses.replace(model, precision=dataclasses.replace(model.precision, compile=True))
+    plan = choose_plan(Machine.detect(), "exact", Choices(compile=True))
+    compiled = dataclasses.replace(model, plan=plan)
     assert not engine_config_for(compiled).traced_decode
     assert not engine_config_for(compiled, traced_decode=True).traced_decode
 

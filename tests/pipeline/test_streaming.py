@@ -2,9 +2,11 @@
 
 Chunk sizes are predicted here from upstream's rule (CosyVoice2Model.tts, spec 7.1-7.2),
 not from our ChunkSchedule: a first hop padded so that prompt + hop ends on a 25-token
-block, 25-token hops after it, 3 lookahead tokens, and a final chunk with the rest. The
-vocoder holds back the last 8 mel frames (3840 samples) of every non-final chunk for the
-cross-fade and the final chunk releases them, so in samples a chunk of h tokens is
+block, 3 lookahead tokens, and a final chunk with the rest; the hop doubles after each
+chunk up to 100 (upstream from ace7c47 on, the ``exact`` profile's schedule) or stays 25
+(the older upstream's, the ``fast`` profile's). The vocoder holds back the last 8 mel
+frames (3840 samples) of every non-final chunk for the cross-fade and the final chunk
+releases them, so in samples a chunk of h tokens is
 960 h - 3840 (first), 960 h (middle) or 960 h + 3840 (final).
 """
 
@@ -14,21 +16,22 @@ import numpy as np
 import pytest
 import torch
 
-from cosyserve.engine.config import EngineConfig
+from cosyserve.engine.loader import engine_config_for
 from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
 from cosyserve.pipeline.synthesizer import Synthesizer
 from cosyserve.pipeline.voice import VoicePrompt
 from tests.pipeline.prompts import PROMPT_TOKENS
 
-HOP, LOOKAHEAD, SAMPLES_PER_TOKEN, HELD_BACK = 25, 3, 960, 3840
+HOP, MAX_HOP, LOOKAHEAD, SAMPLES_PER_TOKEN, HELD_BACK = 25, 100, 3, 960, 3840
 
 
-def upstream_hops(prompt: int, total: int, first_hop: int | None = None) -> list[int]:
-    """Tokens emitted by each chunk of a ``total``-token stream (upstream's loop with a
-    constant 25-token hop; ``first_hop`` cuts the first chunk early and the next one
-    re-aligns to the 25-token block grid, as documented for SynthesisOptions.first_hop)."""
+def upstream_hops(prompt: int, total: int, first_hop: int | None = None, grow: bool = True) -> list[int]:
+    """Tokens emitted by each chunk of a ``total``-token stream (upstream's loop, its hop
+    doubling up to 100 with ``grow``, else a constant 25; ``first_hop`` cuts the first
+    chunk early and the next one re-aligns to the 25-token block grid, as documented for
+    SynthesisOptions.first_hop)."""
     hops: list[int] = []
-    offset = 0
+    offset, hop_now = 0, HOP
     while True:
         to_boundary = -(prompt + offset) % HOP
         if offset == 0:
@@ -36,11 +39,12 @@ def upstream_hops(prompt: int, total: int, first_hop: int | None = None) -> list
             if first_hop is not None:
                 hop = min(hop, first_hop)
         else:
-            hop = to_boundary or HOP
+            hop = to_boundary or hop_now
         if total - offset < hop + LOOKAHEAD:
             return [*hops, total - offset]
         hops.append(hop)
         offset += hop
+        hop_now = min(MAX_HOP, 2 * hop_now) if grow else HOP
 
 
 def expected_sizes(hops: list[int]) -> list[int]:
@@ -53,10 +57,13 @@ def expected_sizes(hops: list[int]) -> list[int]:
 
 def test_upstream_hops_helper_matches_the_spec_example() -> None:
     # 20 prompt tokens: the first hop is 25 + 5 so that 20 + 30 ends on a block boundary.
-    assert upstream_hops(20, 60) == [30, 25, 5]
-    assert upstream_hops(0, 60) == [25, 25, 10]
-    assert upstream_hops(20, 36, first_hop=10) == [10, 20, 6]
+    assert upstream_hops(20, 60, grow=False) == [30, 25, 5]
+    assert upstream_hops(0, 60, grow=False) == [25, 25, 10]
+    assert upstream_hops(20, 36, first_hop=10, grow=False) == [10, 20, 6]
     assert upstream_hops(20, 32) == [32]  # fewer than hop + lookahead tokens: one final chunk
+    # Growing: 30, then 50, then 100 at a time.
+    assert upstream_hops(20, 60) == [30, 30]
+    assert upstream_hops(20, 300) == [30, 50, 100, 100, 20]
 
 
 def _tokens(n: int, seed: int) -> tuple[int, ...]:
@@ -75,15 +82,21 @@ def _lm_request(voice: VoicePrompt, n: int, stream: bool = True) -> SynthesisReq
     return SynthesisRequest("Streaming, twice.", Mode.ZERO_SHOT, voice, stream=stream, options=opts)
 
 
+@pytest.fixture(scope="module")
+def constant_hop(synth: Synthesizer) -> Synthesizer:
+    """The same model with the ``fast`` profile's constant 25-token hop."""
+    return Synthesizer(synth.model, engine_config_for(synth.model, max_active=1, hop_growth=False))
+
+
+@pytest.mark.parametrize(("grow", "sizes"), [(True, [24960, 32640]), (False, [24960, 24000, 8640])])
 def test_streamed_chunks_follow_upstream_and_add_up_to_the_non_streamed_length(
-    synth: Synthesizer, voice: VoicePrompt
+    synth: Synthesizer, constant_hop: Synthesizer, voice: VoicePrompt, grow: bool, sizes: list[int]
 ) -> None:
+    engine = synth if grow else constant_hop
     request = _given_tokens(voice, 60)
-    whole = synth.synthesize(request)
-    chunks = list(synth.stream(dataclasses.replace(request, stream=True)))
-    assert (
-        [c.size for c in chunks] == expected_sizes(upstream_hops(PROMPT_TOKENS, 60)) == [24960, 24000, 8640]
-    )
+    whole = engine.synthesize(request)
+    chunks = list(engine.stream(dataclasses.replace(request, stream=True)))
+    assert [c.size for c in chunks] == expected_sizes(upstream_hops(PROMPT_TOKENS, 60, grow=grow)) == sizes
     assert sum(c.size for c in chunks) == whole.size == 60 * SAMPLES_PER_TOKEN
     streamed = np.concatenate(chunks)
     assert np.isfinite(streamed).all()
@@ -143,7 +156,7 @@ def test_concurrent_streams_chunk_identically(
     """Two streams in one engine (two KV slots, both stepped, their chunks batched) chunk
     exactly like a stream alone, and give its audio up to the float rounding of a batched
     call: chunk cursors and vocoder caches are per request."""
-    together = Synthesizer(synth.model, EngineConfig(max_active=2))
+    together = Synthesizer(synth.model, engine_config_for(synth.model, max_active=2))
     both = _run_together(together, [_lm_request(voice, 60), _lm_request(voice, 60)])
     alone = consecutive[0]
     for chunks in both:

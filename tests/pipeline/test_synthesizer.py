@@ -5,11 +5,13 @@ One token is 2 mel frames, 960 samples at 24 kHz.
 """
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from cosyserve.accel.plan import Choices, Profile
 from cosyserve.errors import InvalidRequestError, PromptAudioError
 from cosyserve.pipeline.frontend import UnknownSpeakerError
 from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
@@ -302,3 +304,13 @@ def test_bad_prompt_audio_fails_with_its_stable_message(
         assert (str(caught.value), caught.value.code) == (message, "invalid_prompt_audio")
     with pytest.raises(UnknownSpeakerError):
         synth.voice("rejected")
+
+
+def test_from_model_dir_runs_the_fastest_plan_unless_asked_for_exact(tiny_model_dir: Path) -> None:
+    fast = Synthesizer.from_model_dir(tiny_model_dir)
+    assert (
+        fast.model.plan.profile is Profile.AUTO and fast.engine.config.first_hop == fast.model.plan.first_hop
+    )
+    exact = Synthesizer.from_model_dir(tiny_model_dir, profile="exact", choices=Choices(quantize="int8"))
+    assert exact.model.plan.profile is Profile.EXACT and exact.engine.config.hop_growth
+    assert exact.model.precision.quantize == "int8"

@@ -156,15 +156,17 @@ def test_through_the_service_a_hit_is_byte_identical(
     """One server with the cache on: a repeated seeded request is answered from the cache
     with the same bytes, in any format; unseeded and streamed requests never touch it."""
     monkeypatch.setenv("COSYSERVE_AUTH_MODE", "none")  # an open server, where access control exists
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     settings = Settings.load(
         model_dir=tiny_model_dir,
         voices_db=tmp_path / "voices.sqlite3",
         grpc_port=0,
         audio_cache_mb=16,
-        audio_cache_dir=tmp_path / "audio-cache",
+        profile="exact",
     )
-    os.makedirs(settings.audio_cache_dir)
-    stale = settings.audio_cache_dir / f"{'f' * 64}.audio"
+    audio_cache_dir = tmp_path / "cache" / "cosyserve" / "audio"  # under the cache directory
+    os.makedirs(audio_cache_dir)
+    stale = audio_cache_dir / f"{'f' * 64}.audio"
     stale.write_bytes(b"from the previous run")
     body = {"model": "m", "input": "Hi.", "voice": "英文男", "min_tokens": 20, "max_tokens": 20}
     with TestClient(create_app(settings)) as client:

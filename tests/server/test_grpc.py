@@ -107,10 +107,11 @@ class GrpcEnv:
 @pytest.fixture(scope="module")
 def env(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcEnv]:
     model = load_model(tiny_model_dir)
-    engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, EngineConfig(max_active=2, max_len=512)))
-    store = VoiceStore(tmp_path_factory.mktemp("grpc") / "voices.db")
     # One request at a time and no queue: the overload test needs only two calls.
-    limits = ServiceLimits(max_active=1, max_queued=0, retry_after_s=RETRY_AFTER_S)
+    config = EngineConfig(max_active=1, max_waiting=0, max_len=512)
+    engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config))
+    store = VoiceStore(tmp_path_factory.mktemp("grpc") / "voices.db")
+    limits = ServiceLimits(retry_after_s=RETRY_AFTER_S)
     service = SpeechService(model, engine, store, limits, frontend_threads=1)
     loop = asyncio.new_event_loop()
     loop_thread = threading.Thread(target=loop.run_forever, name="test-grpc-loop")

@@ -185,6 +185,9 @@ def _fill(plan: Plan, fast: bool) -> Plan:
     bf16_flow = p.flow_dtype == torch.bfloat16 and cpu
     flow_cache: FlowCacheMode
     if p.on_cuda:
+        # A chunk of any width costs about the same on a GPU (launch-bound), and incremental
+        # chunks batch only with streams at the same position: ``exact``, whose chunks all
+        # go in one batch, serves more streams (docs/performance.md, "On a GPU").
         capture, flow_cache = DecodeCapture.CUDA_GRAPHS, "exact"
     else:
         # ``cached`` gives upstream's output; ``incremental`` also the final chunk from the

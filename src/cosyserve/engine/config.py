@@ -4,7 +4,12 @@ from dataclasses import dataclass
 
 import torch
 
-from cosyserve.accel.flow_cache_mode import FLOW_CACHE_MODES, FlowCacheMode, flow_prompt_whole_problem
+from cosyserve.accel.flow_cache_mode import (
+    DEFAULT_FLOW_PROMPT_CACHE_MB,
+    FLOW_CACHE_MODES,
+    FlowCacheMode,
+    flow_prompt_whole_problem,
+)
 from cosyserve.engine.admission import DEFAULT_MAX_ACTIVE, DEFAULT_MAX_WAITING
 
 __all__ = ["FLOW_CACHE_MODES", "EngineConfig", "FlowCacheMode"]
@@ -89,7 +94,7 @@ class EngineConfig:
     token2wav_batch: int = 8
     flow_cache: FlowCacheMode = "incremental"
     prefix_cache_positions: int = 2048
-    flow_prompt_cache_mb: int = 4096
+    flow_prompt_cache_mb: int = DEFAULT_FLOW_PROMPT_CACHE_MB
     flow_prompt_whole: bool = False
     flow_stream_cache_mb: int = 0
     flow_cache_compact: bool = True

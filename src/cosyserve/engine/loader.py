@@ -137,7 +137,13 @@ def engine_config_for(model: LoadedModel, **overrides: Any) -> EngineConfig:
     ``precision.kv_cache_dtype`` on ``precision.device`` (a bf16 model gets a bf16 cache),
     decode-step replay, flow traces, the streaming flow cache and chunk schedule.
     ``overrides`` set any other :class:`EngineConfig` field (``max_active``, ...) or
-    replace a plan's choice (tests and benchmarks compare them)."""
+    replace a plan's choice (tests and benchmarks compare them), but not the KV cache's
+    dtype and device, which must be the model's.
+
+    A compiled LM's decode steps are never traced, whatever the overrides say: TorchScript
+    cannot trace the compiled modules, and they already run without Python in between."""
+    if {"dtype", "device"} & overrides.keys():
+        raise TypeError("the KV cache's dtype and device follow the model's plan")
     plan = model.plan
     options: dict[str, Any] = {
         "dtype": plan.precision.kv_cache_dtype,
@@ -155,6 +161,8 @@ def engine_config_for(model: LoadedModel, **overrides: Any) -> EngineConfig:
         True, options["flow_cache"], options.get("flow_prompt_cache_mb", EngineConfig.flow_prompt_cache_mb)
     )
     options.setdefault("flow_prompt_whole", plan.flow_prompt_whole and whole_possible)
+    if plan.precision.compile:
+        options["traced_decode"] = False
     return EngineConfig(**options)
 
 

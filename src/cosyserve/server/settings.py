@@ -21,6 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from cosyserve.accel.flow_cache_mode import DEFAULT_FLOW_PROMPT_CACHE_MB
 from cosyserve.accel.precision_choices import Choices, Dtype, FlowQuantization, Profile, Quantization
 from cosyserve.engine.admission import DEFAULT_MAX_ACTIVE, DEFAULT_MAX_WAITING
 from cosyserve.errors import CosyserveError
@@ -129,7 +130,7 @@ class Settings(BaseSettings):
         0.0, ge=0, description="Seconds of synthesized audio per minute per identity; 0: no limit."
     )
     flow_prompt_cache_mb: int = Field(
-        4096,
+        DEFAULT_FLOW_PROMPT_CACHE_MB,
         ge=0,
         description="MiB of voices' primed flow prompt states kept for streaming first chunks; 0: none.",
     )
