@@ -8,8 +8,8 @@ carries Python tuples of slots, on which dynamo guards, so every new decode batc
 would compile again (and past torch's recompile limit run eager).
 
 Graphs compile on first use of each shape family, so :func:`compile_lm_` runs one of
-each at once and the first requests find them ready. Off by default: see
-``docs/precision.md`` for the measured cost and gain.
+each at once and the first requests find them ready. Off by default: on a CPU it gains
+nothing and adds to the start (``docs/precision.md``, "How each choice works").
 """
 
 import logging

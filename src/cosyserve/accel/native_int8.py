@@ -2,13 +2,11 @@
 with AVX-512 VNNI, compiled on first use.
 
 A batch-1 decode step reads the LM's 357 MB of int8 weights once: it is those reads. fbgemm
-reads a weight for one row at 20-25 GB/s on 2 Zen 4 cores, where the same cores stream 44
-GB/s; its kernels are made for matrices, not for one row. The kernel here streams each
-weight once per call in VNNI order (16 output rows x 4 inputs per 64 bytes) with one
-multiply-add per 64 bytes. The LM's 97 int8 Linears took 13.2 against 17.2 ms for one
-row, 15.7 against 20.6 for eight and 134 against 185 ms for 128 rows, and a traced batch-1
-decode step 17.1 against 19.2 ms (``docs/benchmarks.md``, "Our int8 kernel": this VM's read
-speed moves, and at a quieter moment one row took 8.6 against 17.7 ms).
+reads a weight for one row at about half the memory bandwidth; its kernels are made for
+matrices, not for one row. So the kernel here streams each weight once per call in VNNI
+order (16 output rows x 4 inputs per 64 bytes) with one multiply-add per 64 bytes, and
+takes about three quarters of fbgemm's time for one row and for batches alike
+(``docs/performance.md``, "Physical limits").
 
 It computes fbgemm's bits: each row scaled and quantized as :class:`Int8DynamicLinear`
 quantizes it, exact int32 sums, and the scaling back in fbgemm's and torch's order (the

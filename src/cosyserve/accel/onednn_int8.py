@@ -5,19 +5,8 @@ several rows.
 scale and calls fbgemm's dynamic int8 Linear. fbgemm reads a weight fastest for one or two
 rows, but its matmul hardly gains from more rows. On a CPU with AMX tiles, oneDNN's int8
 matmul (``onednn::qlinear_pointwise``, the op torch's compiler emits for quantized CPU
-Linears) runs the LM's 24 decoder layers, each weight read from memory, in (ms):
-
-======  ======  ======
-rows    fbgemm  oneDNN
-======  ======  ======
-1       17.9    22.1
-2       20.3    23.2
-8       29.9    25.0
-16      34.2    25.7
-100     103.1   52.4
-======  ======  ======
-
-(2 cores of an Intel Xeon with AMX, ``benchmarks/int8_kernels.py``.) So calls of
+Linears) is the slower of the two for one or two rows and the faster from about three on,
+about twice as fast as fbgemm over the LM's 24 decoder layers at 100 rows. So calls of
 :data:`MIN_ROWS` rows or more (batched decode steps, prefills) go to oneDNN, and a lone
 decode row stays on fbgemm, or on our kernel where it runs (AMX CPUs have AVX-512 VNNI:
 :mod:`cosyserve.accel.native_int8`). At 2 rows oneDNN is the slower, but the engine's
@@ -41,8 +30,8 @@ from cosyserve.models.torchscript import compiled_function
 
 logger = logging.getLogger(__name__)
 
-# The fewest rows a call must have to go to oneDNN: from 3 on it is the faster (the table
-# above), and the decode trace that serves batches of 2 or more is recorded at 2 rows.
+# The fewest rows a call must have to go to oneDNN: from 3 on it is the faster (see the
+# module doc), and the decode trace that serves batches of 2 or more is recorded at 2 rows.
 MIN_ROWS = 2
 # Outputs (rows x out features) below which oneDNN runs another kernel, whose sums are
 # scaled back in another order than fbgemm's (last-bit differences, seen at 48-256 outputs).

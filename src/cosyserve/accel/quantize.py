@@ -26,7 +26,8 @@ tinygemm kernel, which needs bfloat16 activations).
 The flow estimator's Linears can keep float16 weights (:class:`Fp16WeightLinear`,
 ``flow_quantize = fp16``): a stream's small chunk runs 10 Euler steps of 20-100 rows, and
 fbgemm's float16-weight GEMM runs those about twice as fast as the float32 one on an
-AVX2 CPU (half the bytes to read, with a kernel made for few rows), computing in float32.
+AVX2 CPU (half the bytes to read, with a kernel made for few rows), computing in float32
+(``docs/precision.md``, "How each choice works").
 """
 
 import importlib
@@ -67,10 +68,9 @@ def quantize_lm_(
     else on fbgemm.
 
     Dynamic int8 (CPU) takes the speech head too: its 6564 x 896 float32 weight is read
-    whole on every decode step, 1.2-1.4 ms of a batch-1 step against about 0.3 ms in int8,
-    and it added little error to the quantized layers' (teacher-forced on the full random
-    model: mean KL from float32 4.65e-3 against 4.52e-3, mean |logit error| 0.0769 against
-    0.0757; docs/precision.md)."""
+    whole on every decode step, four times the bytes of its int8 copy, and quantizing it
+    adds little to the layers' error (the int8 LM's error against float32:
+    ``docs/precision.md``, "What `fast` changes: the tolerances")."""
     mode = precision.quantize
     if mode is Quantization.NONE:
         return
@@ -127,10 +127,10 @@ def int8_dynamic_(
     fbgemm's: every call takes the kernel or oneDNN.
 
     Each layer's q/k/v and gate/up projections are stacked into one Linear first
-    (``fuse_projections_``): a decode step then makes 4 int8 calls per layer instead of 7
-    (alone at batch 1: q/k/v 107 -> 50 us, gate/up 188 -> 100 us; in whole decode steps
-    the gain is a few percent, docs/benchmarks.md). With weights per output channel and
-    the same input, the stacked call's outputs are the separate calls' exactly.
+    (``fuse_projections_``): a decode step then makes 4 int8 calls per layer instead of 7,
+    each stacked call taking about half the time of the calls it replaces (a few percent
+    of a whole decode step). With weights per output channel and the same input, the
+    stacked call's outputs are the separate calls' exactly.
 
     In place, one layer at a time, so the float weights (memory-mapped from the
     checkpoint) are never copied whole.
@@ -163,20 +163,18 @@ class Int8DynamicLinear(nn.Module):
 
     The op quantizes its whole input on one scale, the range of all its rows. In a batched
     decode step that put every request's activations on a grid set by the largest among
-    them: a request's tokens depended on which requests shared its steps (16 of 16
-    concurrent requests on the tiny model got other tokens than alone), and a quiet row lost
-    precision (mean error 0.027 against 0.014 alone, five rows of different magnitudes).
+    them: a request's tokens depended on which requests shared its steps, and a quiet row
+    beside loud ones lost precision.
     Here each row is divided by its largest magnitude, so it lies in [-1, 1] and reaches one
     end, and every row is rounded on the grid the dynamic op picks for exactly that range
     (7 bits: scale 2/127, zero point 64), given to fbgemm's op with fixed input parameters
     (``linear_with_input_q_dq_qweight_dq_output_fp32``). The int8 products are exact
     integers, and each output row is scaled back by its own factor before the bias is
-    added: a row's output is bit-identical alone and in any batch. Until 2026-12-05 a
-    constant row holding -1 and 1 went with the rows to set the dynamic op's range to
-    [-1, 1]: the same bits, for one more row per call (a lone row's 24 layers took 19.2
-    against 16.7 ms, ``docs/benchmarks.md``, "oneDNN's int8 matmul"). This costs four
-    small ops per call (abs, max, clamp, divide) and the scaling back, where our kernel
-    (:attr:`native`) does it all in one op, with the same bits. The ao module's
+    added: a row's output is bit-identical alone and in any batch. (A constant row holding
+    -1 and 1, sent with the rows, would set the same range for one more row per call:
+    about 15 % more time for a lone decode row's layers.) This costs four small ops per
+    call (abs, max, clamp, divide) and the scaling back, where our kernel (:attr:`native`)
+    does it all in one op, with the same bits. The ao module's
     ``forward`` is skipped: it reaches its packed weights through a submodule and re-checks
     their dtype on every call (6 % of a batch-1 step).
     """
@@ -225,8 +223,8 @@ class Int8DynamicLinear(nn.Module):
             return result.view(*x.shape[:-1], self.out_features)
         # Each row's largest magnitude (a zero row stays zero); dividing by it gives exactly
         # +-1 where it is reached and no magnitude above 1 elsewhere. abs().amax() is the
-        # inf-norm, exactly, and 3-12x faster than linalg.vector_norm's reduction here (88
-        # prefill rows of 4864: 47 against 588 us), which took 14 % of a prefill.
+        # inf-norm, exactly, and several times faster than linalg.vector_norm's reduction
+        # here, which took a noticeable share of a prefill.
         scale = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)
         scaled = rows / scale
         if onednn is not None and rows.shape[0] >= onednn.min_rows:
