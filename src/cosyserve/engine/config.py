@@ -41,7 +41,7 @@ class EngineConfig:
     prompt ends on or just after a block boundary (a 3 s prompt does), a stream's first
     chunk no longer recomputes the prompt's last block (10 frames instead of 60), at the
     cost of a small deviation from upstream, largest in the first chunk
-    (``docs/streaming-flow.md``). Needs the prompt cache.
+    (``docs/streaming.md``, "Primed voice prompts"). Needs the prompt cache.
     ``flow_stream_cache_mb``: MiB the streams' incremental flow caches may hold together
     (0: no bound). Each streamed segment reserves the most its cache can reach (on the
     full model in bf16, per mel frame of prompt + tokens: 0.56 MiB with compact caches,
@@ -51,10 +51,10 @@ class EngineConfig:
     each estimator attention layer's input (256 channels on the full model) instead of its
     keys and values (2 x 512), which are recomputed from it every chunk (one GEMM per
     layer over the history); the positions shared with a voice's primed prompt stay keys
-    and values. A stream's cache takes about a quarter of the memory (0.56 against 2.2 MiB
-    per mel frame in bf16) for 6-9 % more time per single stream; 8 concurrent
-    streams ran as fast, with a third of the page faults (``docs/benchmarks.md``, "Run
-    49"). Same output: the keys and values are the same products.
+    and values. A stream's cache takes about a quarter of the memory for a little more
+    time per single stream, and concurrent streams run as fast, with fewer page faults
+    (``docs/streaming.md``, "Memory"). Same output: the keys and values are the same
+    products.
     ``flow_stream_rows``: incremental streaming chunks per flow call (0: no bound). A
     traced call holds every batched row's cached keys and values at once (56 layers x
     rows x history: about 830 MiB for 8 streams at 450 frames), while on a CPU a pass
@@ -67,18 +67,16 @@ class EngineConfig:
     which skips the Python between a step's ops (``cosyserve.engine.decode_graphs``). Two
     traces serve every step, one for a lone row and one for larger batches, each over any
     span: on the full bf16 + int8 model they take about 2 s and 150 MiB at start (each a
-    TorchScript graph and its execution plan), and a step over 100-149 cached positions
-    took 24 against 32 ms at batch 1 and 43 against 56 ms at batch 8
-    (``benchmarks/traced_decode.py``, docs/benchmarks.md, "Traced decode steps"). Ignored
+    TorchScript graph and its execution plan) and about a quarter off a decode step, alone
+    and batched, with the eager step's bits (``docs/precision.md``, "Notes"). Ignored
     elsewhere; where the LM cannot be traced (a compiled one: ``engine_config_for`` turns
     this off), steps run eagerly.
     ``traced_flow``: on a CPU, replay the flow estimator's incremental streaming calls and
     its non-streaming calls from TorchScript traces made at start (``Flow.trace_steps_``;
-    three for a bf16 flow): on the full bf16 model a stream's first chunk took 0.31 against
-    0.42 s, a whole 6 s stream's flow 4.6 against 5.7 s and a non-streaming request's flow
-    2.4 against 2.6 s, the same bits, for 4.5 s of start-up and about 230 MiB
-    (``benchmarks/traced_flow.py``, docs/benchmarks.md, "Traced flow steps").
-    Ignored elsewhere and with ``flow_cache = "exact"``.
+    three for a bf16 flow): on the full bf16 model they take about a quarter off a
+    stream's first chunk and a fifth off a whole stream's flow (a non-streaming flow gains
+    less), the same bits, for about 4.5 s of start-up and 230 MiB. Ignored
+    elsewhere and with ``flow_cache = "exact"``.
     ``first_hop``: tokens in a stream's first chunk when its request names none (None:
     upstream's, the first hop padded to the 25-token block grid).
     ``hop_growth``: upstream's schedule from its commit ace7c47 on, per request: each

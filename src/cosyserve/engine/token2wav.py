@@ -62,7 +62,8 @@ class Token2Wav:
     block-causal attention with lookahead, the final chunk full attention over every token;
     the vocoder's caches live in the segment's state.
 
-    ``flow_cache`` says how streaming chunks reach the flow (see docs/streaming-flow.md):
+    ``flow_cache`` says how streaming chunks reach the flow (``docs/streaming.md``, "The flow
+    without quadratic recompute"):
     ``"exact"`` recomputes prompt + all tokens for every chunk, as upstream;
     ``"cached"`` computes intermediate chunks incrementally from the segment's
     :class:`~cosyserve.models.flow.stream_cache.FlowStreamCache` (same output) and the final
