@@ -1,20 +1,18 @@
 """Scaled dot-product attention for the flow's attention layers, fast in bfloat16 on CPU.
 
 On a CPU without AMX, torch's CPU flash-attention kernel runs bfloat16 no faster than
-float32: one 450-frame estimator layer (2 CFG rows x 8 heads of 64) takes 8.0-8.6 ms in
-bfloat16 against 7.8 ms in float32 on 2 Zen 4 cores, while a bfloat16 batched GEMM of the
-same scores runs at about 3x float32's rate. So bfloat16 there computes the two GEMMs and
-the softmax apart (5.0 ms for that layer). With AMX tiles the fused kernel is the faster
-one (the plan's ``fused_bf16_attention``, passed as ``fused_bf16``). On 2 cores of an Intel
-Xeon with AMX the whole non-streaming flow took 2.90 s with it against 3.15 s split, at the same error
-(``docs/precision.md``). float32, and every CUDA dtype, always keep torch's fused kernel.
+float32, while a bfloat16 batched GEMM of the same scores runs at about 3x float32's rate.
+So bfloat16 there computes the two GEMMs and the softmax apart, which takes an estimator
+layer's attention about 40 % less time. With AMX tiles the fused kernel is the faster
+one, at the same error (the plan's ``fused_bf16_attention``, passed as ``fused_bf16``).
+float32, and every CUDA dtype, always keep torch's fused kernel (``docs/precision.md``,
+"How each choice works").
 
 What it costs: the scores are rounded to bfloat16 before the softmax, where the fused kernel
 keeps them in float32. On the full-size random model this does not change the flow's
-error against float32 (mel mean |error| 0.0326 against 0.0325 with the fused kernel), nor
-with attention made 4x sharper (scores' std ~3.8: 0.0405 against 0.0410): the bfloat16
-rounding of every activation dominates, and the flow takes 7.97 s against 9.29 s for 3 s
-of prompt and 6 s of audio. ``docs/precision.md`` has the numbers and the command.
+error against float32, not even with attention made 4x sharper: the bfloat16 rounding of
+every activation dominates. ``docs/precision.md`` has the bf16 flow's error and the
+command that measures it.
 """
 
 import torch
@@ -52,8 +50,8 @@ def attention(
 def pads_keys(x: Tensor, bias: Tensor | None, fused_bf16: bool) -> bool:
     """Whether an attention layer's input ``x`` is padded by :func:`whole_key_rows`: in
     bfloat16 on a CPU on torch's fused kernel (``fused_bf16``), in calls without a bias of their
-    own (a non-streaming request's flow). Padding a stream's calls, which carry one, cost
-    its chunks time and memory (``docs/benchmarks.md``, run 53)."""
+    own (a non-streaming request's flow). Padding a stream's calls, which carry one, would
+    cost its chunks time and memory."""
     return bias is None and x.dtype == torch.bfloat16 and x.device.type == "cpu" and fused_bf16
 
 
@@ -61,15 +59,13 @@ def whole_key_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """``x`` (B, T, C) padded with zero rows to a multiple of :data:`KEY_MULTIPLE`, and a
     bias (1, 1, 1, T') in ``x``'s dtype that hides the padding (-inf) and nothing else.
 
-    torch's bfloat16 CPU kernel (AMX) takes 1.3-1.6 ms for a 450-query layer (2 CFG rows x 8
-    heads) over 448, 450, 464 or 480 keys, but 2.0-2.9 ms over 446, 452, 454 or 458 and
-    2.4-6.1 ms over 466 or 478; padded with the bias the slow lengths run as fast as the
-    fast ones (``docs/benchmarks.md``, "Runs 52-54"). A layer's input is padded rather than
-    its keys and values: projected, the zero rows are zero keys and values, and one copy
-    of C channels replaces two of the inner width each (a 450-row layer: 2.42 against
-    2.51 ms, the same bits). The attention's queries are the first T rows. Sizes are
-    computed with tensor ops, so a trace recorded at one length pads every other length
-    right."""
+    torch's bfloat16 CPU kernel (AMX) runs some key counts (multiples of 16 among them) fast
+    and others up to several times slower; padded with the bias, the slow lengths run as
+    fast as the fast ones. A layer's input is padded rather than its keys and values:
+    projected, the zero rows are zero keys and values, and one copy of C channels replaces
+    two of the inner width each (slightly faster, the same bits). The attention's queries
+    are the first T rows. Sizes are computed with tensor ops, so a trace recorded at one
+    length pads every other length right."""
     rows = x.shape[1]
     pad = (-rows) % KEY_MULTIPLE
     bias = torch.zeros_like(x[:1, :, 0])  # (1, T)
@@ -84,8 +80,8 @@ def split_attention(
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     # The GEMMs take a dense batch of matrices as it is (or transposed) but copy a strided
     # one (heads split from a projection, a cache buffer with room) by a slow transposing
-    # gather: copying it dense first is faster (a 50-frame incremental layer over 400
-    # cached frames: 1.78 -> 1.34 ms; a whole non-streaming flow: the same within noise).
+    # gather: copying it dense first is faster (about a quarter for a 50-frame incremental
+    # layer over 400 cached frames; no difference for a whole non-streaming flow).
     keys = k.contiguous().transpose(-2, -1)  # (B, H, d, K)
     v = v.contiguous()
     size = q.shape[-2]

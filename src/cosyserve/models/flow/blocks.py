@@ -17,11 +17,10 @@ from cosyserve.models.packed_linear import PackedLinear, packing_available
 
 # Output rows (batch x frames) up to which a convolution without packed weights runs as one
 # matrix product over its unfolded input. A stream's chunk through the estimator is 20 rows
-# (10 frames, both CFG branches), where torch's CPU convolution costs 240-570 us a call and
-# the product 120-400 us (docs/benchmarks.md, "Short convolutions"); from about 100 rows on
-# the two are even, and at 900 rows (a non-streaming request) the convolution is
-# 1.2-1.35x faster (float32 on a Zen 3). Packed weights (:func:`pack_convs_`) always run
-# as the product.
+# (10 frames, both CFG branches), where the product is faster than torch's CPU
+# convolution (up to 2x); from about 100 rows on the two are even, and at 900 rows (a
+# non-streaming request) the convolution is the faster. Packed weights (:func:`pack_convs_`)
+# always run as the product.
 GEMM_CONV_ROWS = 64
 
 
@@ -59,8 +58,8 @@ def tap_windows(rows: Tensor, kernel: int) -> Tensor:
 
     Each window is ``kernel`` whole rows of the input, so on contiguous rows this is
     ``kernel`` copies of contiguous runs, where unfolding ``(B, C, L)`` channel by channel
-    gathers every element on its own: a 900-row convolution of 256 channels took 0.95
-    against 1.37 ms on 2 Zen 4 cores (``docs/benchmarks.md``, "Runs 63-65")."""
+    gathers every element on its own, which makes a 900-row convolution of 256 channels
+    about 1.4x slower."""
     if kernel == 1:
         return rows.reshape(-1, rows.shape[2])
     frames = rows.shape[1] - kernel + 1
@@ -88,11 +87,10 @@ def pack_convs_(module: nn.Module) -> int:
     products as the convolution, summed in another order. The packed copy is kept beside
     the weight: 12 MiB on the full model's estimator. A stream's first chunk (46 short
     convolutions in each of 10 Euler steps) no longer reorders the weights on every call. A
-    non-streaming flow's 900-row convolutions run as the product too: the eager flow took
-    2.72-2.85 against 2.83-3.01 s with torch's convolution (interleaved, on the AMX Xeon),
-    and their outputs come out as ``(B, T, C)``, which the layer norms and transformer
-    blocks after them read without a copy. Returns how many; none where
-    :func:`packing_available` says no."""
+    non-streaming flow's 900-row convolutions run as the product too, a few percent faster
+    than torch's convolution on an AMX CPU, and their outputs come out as ``(B, T, C)``,
+    which the layer norms and transformer blocks after them read without a copy. Returns
+    how many; none where :func:`packing_available` says no."""
     if not packing_available():
         return 0
     convs = [m for m in module.modules() if isinstance(m, nn.Conv1d) and m.weight.dtype == torch.bfloat16]
@@ -106,10 +104,9 @@ def mish(x: Tensor) -> Tensor:
     """``x * tanh(softplus(x))``, computed in float32 and rounded once to ``x``'s dtype.
 
     With ``e = exp(x)``, ``tanh(log(1 + e)) = n / (n + 2)`` for ``n = e (e + 2)``: one
-    exponential where torch's CPU kernel takes a softplus and a tanh, 2.5x slower (a
-    non-streaming flow's 280 Mish calls on 2 x 256 x 450 bfloat16: 470 against 186 us
-    each on the AMX Xeon). Inputs above 20 are clamped in the exponential only, where
-    ``n / (n + 2)`` is already 1 in float32. Within torch's own error against float64."""
+    exponential where torch's CPU kernel takes a softplus and a tanh, about 2.5x slower on
+    a non-streaming flow's bfloat16 inputs. Inputs above 20 are clamped in the exponential
+    only, where ``n / (n + 2)`` is already 1 in float32. Within torch's own error against float64."""
     f = x.float()
     e = f.clamp(max=20.0).exp()
     n = e * (e + 2.0)
@@ -186,10 +183,10 @@ class SelfAttention(nn.Module):
 
     def fuse_projections_(self) -> None:
         """Replace ``q``, ``k`` and ``v`` by ``qkv``, their rows stacked: one GEMM per call
-        instead of three, with the same outputs. A stream's first chunk (132-row GEMMs)
-        took 6 % less time (``docs/benchmarks.md``, "Time by kind of op"). ``kv`` computes
-        ``k`` and ``v`` alone, for :meth:`keys_values`: its weight is a view of ``qkv``'s
-        rows, with no memory of its own until packing (``pack_linears_``) copies it."""
+        instead of three, with the same outputs, which takes a few percent off a stream's
+        first chunk (132-row GEMMs). ``kv`` computes ``k`` and ``v`` alone, for
+        :meth:`keys_values`: its weight is a view of ``qkv``'s rows, with no memory of its
+        own until packing (``pack_linears_``) copies it."""
         self.qkv = stacked_linear(self.q, self.k, self.v)
         self.kv = linear_rows(self.qkv, self.heads * self.head_dim)
         del self.q, self.k, self.v

@@ -2,7 +2,7 @@
 
 On a GPU a flow call is bound by kernel launches, not arithmetic: ten Euler steps of an
 estimator with 56 transformer blocks issue tens of thousands of small kernels, so a call
-took about 0.33 s on an H200 whatever its width (docs/benchmarks.md, "On a GPU"). Within
+costs about the same whatever its width (``docs/performance.md``, "NVIDIA H100"). Within
 one call every step has the same shapes and reads the same inputs but ``x`` and ``t``;
 so the first step runs eagerly, a step is then recorded on static copies of ``x`` and ``t``
 (recording runs nothing), and steps 2-10 replay it, each replay one launch.

@@ -250,10 +250,10 @@ class FlowStreamCache:
         it x1.5 at a time from the first chunk's size.
 
         Growing copies the whole history into new memory each time, and the pages of the
-        new buffer are faulted in again: on the 2-core VM of ``docs/benchmarks.md`` a
-        stream's growth passes spent 4-9 s in page faults (one pass of a 6 s stream with
-        a 3 s prompt: 221,000 faults). Reserved but unwritten positions cost address space,
-        not memory: their pages are never touched."""
+        new buffer are faulted in again: about 200,000 pages in one pass of a 6 s stream
+        with a 3 s prompt, at up to 40 µs a fault on a virtual machine
+        (``docs/performance.md``, "Physical limits"). Reserved but unwritten positions cost
+        address space, not memory: their pages are never touched."""
         self.encoder_tokens.capacity = tokens
         for states in (self.encoder_frames, *self.steps):
             states.capacity = ratio * tokens
