@@ -13,10 +13,8 @@ kernel on the same weight; only the per-call reorder is gone. (On a strided view
 ``F.linear`` takes another path whose sums differ in the last bits; the packed call gives
 the contiguous result. The estimator's Linears all get contiguous inputs.)
 
-On 2 cores of an Intel Xeon with AMX, calls interleaved in one process, a stream's first
-flow chunk took 0.41 s against 0.46 s and a non-streaming flow (3 s prompt, 6 s of audio)
-2.81 s against 2.99 s, with the same mel (``benchmarks/flow_weights.py``;
-``docs/benchmarks.md``, "Packed bf16 weights").
+On a CPU with AMX, packing takes about a tenth off a stream's first flow chunk and a few
+percent off a non-streaming flow, with the same mel.
 """
 
 import functools
@@ -59,10 +57,10 @@ class PackedLinear(nn.Module):
     def gelu(self, x: torch.Tensor) -> torch.Tensor:
         """``gelu(self(x))`` (exact, with erf) in one call: oneDNN applies the GELU to the
         float32 sums before rounding them to bfloat16 once, where ``F.gelu`` would take the
-        rounded output, round again, and cost a pass of its own. A non-streaming flow's
-        900-row feed-forward took 505 against 640 us on the AMX Xeon; on average the result
-        is as close to float64 as the two-step one or closer (``docs/benchmarks.md``, "Run
-        58")."""
+        rounded output, round again, and cost a pass of its own: a non-streaming flow's
+        feed-forward takes about a fifth less time, and on average the result is as close to
+        float64 as the two-step one or closer (``docs/precision.md``, "How each choice
+        works")."""
         return self._matmul(x, "gelu", "none")
 
     def _matmul(self, x: torch.Tensor, attr: str, algorithm: str) -> torch.Tensor:
@@ -107,7 +105,7 @@ def pack_linears_(module: nn.Module) -> int:
     in place; returns how many. Nothing changes where :func:`packing_available` says no.
     The reordered copies replace the weights, which were private bfloat16 copies of the
     checkpoint's float32 ones, of the same size; the allocator may keep the freed pages
-    for later allocations (one stream on the full model peaked 37 MiB higher)."""
+    for later allocations (a stream's peak rises by a few tens of MiB on the full model)."""
     if not packing_available():
         return 0
     targets = [

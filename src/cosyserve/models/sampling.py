@@ -146,8 +146,8 @@ def running_sums(values: torch.Tensor) -> torch.Tensor:
 
     numpy's ``cumsum`` adds in order in the array's dtype; torch's CPU ``cumsum``
     accumulates float32 in float64 and rounds each sum once, which can move the crossing
-    of ``top_p`` by a bit. One call instead of 25 additions: a batch-1 sampling step took
-    387 against 434 us (``docs/benchmarks.md``, "Run 58")."""
+    of ``top_p`` by a bit. One call instead of 25 additions takes about a tenth off a
+    batch-1 sampling step."""
     if values.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"running sums are taken in float32 or float64, not {values.dtype}")
     sums = np.cumsum(values.detach().cpu().numpy(), axis=-1)
@@ -158,11 +158,10 @@ def stable_top_k(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     """The first ``k`` columns of ``probs.sort(dim=-1, descending=True, stable=True)``:
     values and ids ``(B, k)``, ties in id order, for ``probs`` (B, V) >= 0.
 
-    A full stable sort of the 6564 speech ids took 0.5 ms a row, most of a decode step's
-    sampling (4.0 ms at batch 8 on one thread). For float32 the same order comes from one
-    top-k of distinct integer keys (0.13 ms at batch 8): a non-negative float's bits, read
-    as an integer, order as the float does, and the id's complement below them orders ties
-    by id."""
+    A full stable sort of the 6564 speech ids was most of a decode step's sampling. For
+    float32 the same order comes from one top-k of distinct integer keys, about 30x faster
+    at batch 8: a non-negative float's bits, read as an integer, order as the float does,
+    and the id's complement below them orders ties by id."""
     vocab = probs.shape[-1]
     id_bits = max(1, (vocab - 1).bit_length())
     if probs.dtype != torch.float32 or id_bits > 32:

@@ -5,11 +5,11 @@ In a batched decode step every row reads the keys up to the batch's longest sequ
 masks the rest; in a prefill, a query's chunk decides how many keys its row sees. torch's
 CPU attention kernel and one GEMM over all keys both sum in an order that depends on that
 span, so a row's output moved by about 1e-7 with its neighbours' lengths: enough, under
-dynamic int8 rounding, to move a full-size LM's log-probs by up to 0.19
-(``docs/benchmarks.md``, "A row's output in a batch"), so that a request's speech tokens
-depended on what else the engine was running. torch's kernel also gives a lone decode row
-other bits than the same row in a batch at the same span, on some CPUs and data: on 2 Zen 4
-cores, float32, log-probs 1.9e-6 apart on the full model (docs/benchmarks.md, "Run 66").
+dynamic int8 rounding, to move a full-size LM's log-probs by orders of magnitude more, so
+that a request's speech tokens depended on what else the engine was running
+(``docs/precision.md``, "How each choice works"). torch's kernel also gives a lone decode
+row other bits than the same row in a batch at the same span, on some CPUs and data, in
+float32 too.
 
 So every CPU step attends with :func:`span_attention`. Every span is padded to whole blocks
 of :data:`KEY_BLOCK` keys, the padding hidden by the mask; the keys are cut into blocks
@@ -150,9 +150,7 @@ def _sum_in_order(partial: torch.Tensor, dim: int) -> torch.Tensor:
     """Sum ``partial`` over its blocks along ``dim``, block by block from the first: torch's
     CPU cumsum runs along ``dim`` in order, so trailing blocks of zeros change no sum. One
     op whatever the count, so a decode step traced over 1 block replays any span; the
-    tree's count of halvings is fixed when traced. On the full int8 model on 2 Zen 4
-    cores a traced batch-1 step cost 0.5-1.7 ms more than with torch's kernel this way,
-    1.6-2.4 ms with a tree padded to the cache's capacity; a prefill chunk of 256 after 768
-    positions summed in order took 717 against 576 ms (the tree: 600-609 against 503-531),
-    so prefills keep the tree."""
+    tree's count of halvings is fixed when traced. For a decode step, summing in order
+    costs less than a tree padded to the cache's capacity; for a prefill chunk it costs
+    about a fifth more than the tree, so prefills keep the tree."""
     return partial.cumsum(dim).select(dim, -1)

@@ -19,8 +19,8 @@ class Snake(nn.Module):
 
         Each step after the first writes into the one new tensor: the same operations in
         the same order as ``x + (α + ε)⁻¹ · sin(αx)²``, hence the same bits, without four
-        more tensors of ``x``'s size (HiFT's largest are 64 x 36,000 for 6 s of audio: 3.4
-        against 8.5 ms a call on 2 AMX cores, each call on fresh memory)."""
+        more tensors of ``x``'s size (HiFT's largest are 64 x 36,000 for 6 s of audio, and
+        each call gets fresh memory: in place, a call takes less than half the time)."""
         alpha = self.alpha[:, None]  # (C, 1), broadcast over time
         wave = (x * alpha).sin_()
         return wave.mul_(wave).mul_((alpha + _ALPHA_EPS).reciprocal()).add_(x)
