@@ -6,19 +6,17 @@ unmapped when freed, and the arenas of threads other than the main one (the engi
 on its own thread) trim their free space back to the kernel and unmap their heaps that
 become wholly free. The next tensor of that size then faults its pages in again, and on a
 virtual machine that hands freed memory back to its host a page fault can cost up to 40 µs
-(3 µs where the guest reuses a page it has just freed). On the 2-core VM of
-``docs/benchmarks.md`` a stream's chunks fault in about 43,000 pages each (1.3-1.9 s in
-the kernel) on new memory, and 2,500 when the stream before it left its memory in the
-process (``docs/results/flow_streaming-reserve.txt``; ``docs/benchmarks.md``, "Page
-faults").
+(a few µs where the guest reuses a page it has just freed). A stream's chunks fault in
+tens of thousands of pages each on new memory, and a small fraction of that when the
+stream before it left its memory in the process (``docs/performance.md``, "Physical
+limits").
 
 :func:`retain_freed_memory` sets glibc's thresholds so that chunks up to 32 MiB come from
-the arenas and freed arena memory stays in the process (a thread that freed 2 GiB of 1 MiB
-tensors faulted in 28,900 pages of 262,000 when it allocated them again with the trim
-and mmap thresholds alone, 1,500 with the top pad too). The process's resident memory
-then stays at its high-water mark (as with a preallocated cache pool) instead of
-shrinking between bursts of requests (peaks of 4536-4923 MiB for loading and single
-requests in runs 8-10, 4796 MiB in run 7 before this).
+the arenas and freed arena memory stays in the process (the top pad matters too: with the
+trim and mmap thresholds alone, a thread that allocated again the 1 MiB tensors it had
+freed still faulted about a tenth of their pages in). The process's resident memory then
+stays at its high-water mark (as with a preallocated cache pool) instead of shrinking
+between bursts of requests; its peak stays about where it was.
 
 :func:`release_pages` drops from the process the pages of memory-mapped checkpoint tensors
 that loading read once to convert or quantize them, so that they neither count in its
@@ -85,10 +83,11 @@ def prefetch(tensor: torch.Tensor) -> int:
     as rows are used, as before, but a first use is then a minor fault (microseconds)
     instead of a read from disk (milliseconds). The text embedding is 544 MiB of float32
     memory-mapped from ``llm.pt``, of which a request reads a few dozen rows: each new
-    text cost 1-7 disk reads per lookup, 2-19 ms, in its first audio. ``madvise`` and
-    ``posix_fadvise`` with ``WILLNEED`` read nothing on the VMs of ``docs/benchmarks.md``
-    (the residency ``mincore`` reports did not move), so the file is read with ``pread``:
-    about 1 s for the embedding from a cold disk, 0.1 s from the page cache."""
+    text cost a few disk reads per lookup, milliseconds each, in its first audio.
+    ``madvise`` and ``posix_fadvise`` with ``WILLNEED`` can read nothing (on the virtual
+    machines tried, the residency ``mincore`` reports did not move), so the file is read
+    with ``pread``: about 1 s for the embedding from a cold disk, 0.1 s from the page
+    cache."""
     if tensor.device.type != "cpu" or tensor.numel() == 0:
         return 0
     storage = tensor.untyped_storage()

@@ -5,9 +5,9 @@ worker threads for every thread that has started a parallel region, until that t
 exits. Once the pools hold more threads than there are CPUs, an idle worker stops
 spinning for the next region after 100 spins and sleeps (libgomp's "throttled" spin
 count, libgomp/config/linux/wait.h), so each of the many small parallel regions of a
-decode step waits for a futex wake-up. Measured on 2 CPUs: the engine's decode steps
-ran 25-50% slower on its own thread than on the thread that had loaded the model, because
-that thread's pool was still there (``benchmarks/engine_thread.py``).
+decode step waits for a futex wake-up. On 2 CPUs the engine's decode steps ran 25-50%
+slower on its own thread than on the thread that had loaded the model, because that
+thread's pool was still there.
 
 So a process keeps one long-lived thread that runs torch multi-threaded, the engine's:
 the model loads on a thread of its own that exits when loading ends (its pool goes

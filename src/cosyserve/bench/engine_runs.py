@@ -1,6 +1,5 @@
 """Requests run through an :class:`Engine` step by step, without the async front, and what
-each produced: for the tests that compare requests run alone and together, and for
-``benchmarks/concurrency_bits.py``, which does so on a full-size model."""
+each produced: for the tests that compare requests run alone and together."""
 
 from dataclasses import dataclass, field
 from typing import Any
