@@ -8,9 +8,10 @@ what to use instead. The per-module policy, measured on the full-size model (num
 
 - LM: the requested dtype. With int8 quantization its activations stay float32 (the
   quantized CPU kernels take float32 input); int4 runs on bfloat16 activations (the
-  tinygemm kernel takes only those). The text embedding, the speech embedding and the
-  speech head are never quantized: they are lookups or a small share of the decode cost,
-  and the head decides every sampled token.
+  tinygemm kernel takes only those). The text embedding and the speech embedding are
+  never quantized: they are lookups. The speech head is quantized only by dynamic int8
+  on a CPU, where its float32 weight is a noticeable share of a decode step's reads and
+  int8 adds little to the layers' error; elsewhere it stays as loaded.
 - Flow: the requested dtype. With ``flow_quantize = fp16`` (CPU, float32 flow) the
   estimator's Linear weights are stored in float16 and computed in float32: the 10 Euler
   steps of a small streaming chunk read every estimator weight each, and fbgemm's

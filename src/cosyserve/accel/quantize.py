@@ -1,10 +1,11 @@
 """Weight quantization of the LM's decoder-layer Linear modules, and float16 storage of
 the flow estimator's, in place.
 
-Only ``lm.qwen.layers`` is touched: its Linear weights are 71 % of the LM's parameters
-and nearly all of a decode step's memory traffic. The text embedding (a lookup), the
-speech embedding and the 6564-way speech head keep their dtype, so prompt encoding and
-the distribution tokens are sampled from lose nothing beyond what the layers add.
+Only ``lm.qwen.layers`` is touched, and with dynamic int8 on a CPU the 6564-way speech
+head (:func:`quantize_lm_` says why): the layers' Linear weights are 71 % of the LM's
+parameters and nearly all of a decode step's memory traffic. The text embedding (a
+lookup) and the speech embedding keep their dtype, so prompt encoding loses nothing
+beyond what the layers add.
 
 CPU int8 has two implementations:
 
