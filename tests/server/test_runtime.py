@@ -1,5 +1,5 @@
-"""``ServerRuntime``: the precision and engine settings reach the model, the engine's KV
-cache and its configuration."""
+"""``ServerRuntime``: the plan (profile and explicit choices) and the engine settings reach
+the model, the engine's KV cache and its configuration."""
 
 import asyncio
 import os
@@ -21,10 +21,11 @@ def test_bf16_setting_loads_a_bf16_model_with_a_bf16_kv_cache(
         model_dir=tiny_model_dir,
         grpc_port=0,
         voices_db=tmp_path / "voices.sqlite3",
+        profile="exact",
         dtype="bf16",
-        flow_cache="cached",
         flow_prompt_cache_mb=7,
-        flow_stream_cache_mb=9,
+        max_active=3,
+        max_queued=5,
     )
     runtime = ServerRuntime(settings)
 
@@ -37,11 +38,10 @@ def test_bf16_setting_loads_a_bf16_model_with_a_bf16_kv_cache(
             cache = service.engine.engine.lm_runner.cache
             assert cache.k.dtype == cache.v.dtype == torch.bfloat16
             config = service.engine.engine.config
-            assert (config.flow_cache, config.flow_prompt_cache_mb, config.flow_stream_cache_mb) == (
-                "cached",
-                7,
-                9,
-            )
+            # The exact profile's flow cache and schedule, the operator's budget and limits.
+            assert (config.flow_cache, config.hop_growth, config.flow_prompt_cache_mb) == ("cached", True, 7)
+            assert (config.max_active, config.max_waiting, service.engine.admission.capacity) == (3, 5, 8)
+            assert runtime.plan is not None and runtime.plan.precision.dtype == "bf16"
         finally:
             await runtime.stop()
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from cosyserve.accel.precision_choices import Dtype, FlowQuantization, Quantization
+from cosyserve.accel.precision_choices import Choices, Dtype, FlowQuantization, Profile, Quantization
 from cosyserve.server.settings import Settings, SettingsError
 
 
@@ -54,21 +54,11 @@ def test_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         ({"workers": 0}, "invalid setting workers"),
         ({"max_queued": -1}, "invalid setting max_queued"),
         ({"log_level": "loud"}, "invalid setting log_level"),
-        ({"flow_cache": "sometimes"}, "invalid setting flow_cache"),
+        ({"profile": "fastest"}, "invalid setting profile: Input should be 'auto', 'fast' or 'exact'"),
         ({"flow_prompt_cache_mb": -1}, "invalid setting flow_prompt_cache_mb"),
-        ({"flow_stream_cache_mb": -1}, "invalid setting flow_stream_cache_mb"),
-        (
-            {"flow_prompt_whole": True, "flow_cache": "exact"},
-            "^invalid settings: flow_prompt_whole needs the",
-        ),
-        (
-            {"flow_prompt_whole": True, "flow_prompt_cache_mb": 0},
-            "^invalid settings: flow_prompt_whole needs the",
-        ),
-        (  # on CUDA an unset flow_cache is exact
-            {"flow_prompt_whole": True, "device": "cuda"},
-            "^invalid settings: flow_prompt_whole needs the",
-        ),
+        # The plan's fields are not settings.
+        ({"flow_cache": "exact"}, "^unknown setting 'flow_cache'"),
+        ({"traced_decode": False}, "^unknown setting 'traced_decode'"),
     ],
 )
 def test_invalid_values(overrides: dict[str, object], message: str) -> None:
@@ -99,28 +89,19 @@ def test_env_round_trip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
 
 
 def test_precision_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in ("DTYPE", "QUANTIZE", "DEVICE", "COMPILE", "FLOW_QUANTIZE"):
+    for name in ("PROFILE", "DTYPE", "QUANTIZE", "DEVICE", "FLOW_QUANTIZE"):
         monkeypatch.delenv(f"COSYSERVE_{name}", raising=False)
     defaults = Settings.load()
-    assert (defaults.dtype, defaults.quantize, defaults.device, defaults.compile) == (
-        Dtype.FP32,
-        Quantization.NONE,
-        "cpu",
-        False,
-    )
-    assert defaults.flow_quantize is FlowQuantization.NONE
+    # The auto profile, and no choice of its overridden.
+    assert defaults.profile is Profile.AUTO
+    assert defaults.choices() == Choices()
     config = tmp_path / "cosyserve.toml"
-    config.write_text('dtype = "bf16"\nquantize = "int8wo"\ncompile = true\n')
+    config.write_text('profile = "exact"\ndtype = "bf16"\nquantize = "int8wo"\n')
     monkeypatch.setenv("COSYSERVE_QUANTIZE", "int8")
     monkeypatch.setenv("COSYSERVE_FLOW_QUANTIZE", "fp16")
     settings = Settings.load(config, device="cuda:1")
-    assert settings.flow_quantize is FlowQuantization.FP16
-    assert (settings.dtype, settings.quantize, settings.device, settings.compile) == (
-        Dtype.BF16,
-        Quantization.INT8,
-        "cuda:1",
-        True,
-    )
+    assert settings.profile is Profile.EXACT
+    assert settings.choices() == Choices(Dtype.BF16, Quantization.INT8, FlowQuantization.FP16, "cuda:1")
     # Workers get them back from the environment.
     assert settings.to_env()["COSYSERVE_DTYPE"] == "bf16"
     for name, value in settings.to_env().items():

@@ -125,6 +125,7 @@ def test_registered_voices_survive_a_restart(server: ServerProcess, tiny_model_d
         voices_db=server.log_path.parent / "voices.sqlite3",
         grpc_port=0,
         auth_mode="none",
+        profile="exact",  # the first server's plan (tests/server/conftest.py), so the same audio
     )
     with TestClient(create_app(settings)) as client:
         deadline = time.monotonic() + 120
