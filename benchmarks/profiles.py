@@ -9,7 +9,10 @@ included), a non-streaming zero-shot request for exactly ``--tokens`` speech tok
 ``--prompt-seconds`` voice prompt, seed 0. The configurations take turns, ``--repeats``
 rounds, so that a machine whose speed drifts slows each alike; the medians are reported.
 The last line compares the default (no flags, the ``auto`` profile) with the fastest
-explicit combination: within 5 % is the target (docs/performance.md).
+explicit combination: within 5 % is the target (docs/performance.md). On a CPU without
+bfloat16 instructions the bf16 combinations are left out (said in the output): torch
+emulates their matmuls, about 100x slower than float32 (docs/precision.md), so they cannot
+be the fastest and one run would take many minutes.
 """
 
 import json
@@ -23,6 +26,8 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 from common import model_dir_parser  # benchmarks/, the script's own directory
+
+from cosyserve.accel.machine import Machine
 
 # The default, the parity profile, and every precision combination a user could pass.
 CONFIGS: dict[str, list[str]] = {
@@ -93,6 +98,11 @@ def main() -> None:
     unknown = set(names) - set(CONFIGS)
     if unknown or "no flags (auto)" not in names:
         parser.error(f"--configs takes {list(CONFIGS)}, 'no flags (auto)' among them")
+    if not Machine.detect().cpu.native_bf16:
+        emulated = [name for name in names if "bf16" in name]
+        names = [name for name in names if name not in emulated]
+        if emulated:
+            print(f"left out, bf16 emulated on this CPU: {', '.join(emulated)}", flush=True)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:
         prompt = prompt_wav(Path(tmp) / "prompt.wav", args.prompt_seconds)

@@ -96,6 +96,7 @@ def test_upstream_engine_interleaves_the_two_sides(tiny_model_dir: Path, tmp_pat
         assert len(reports[side]["non_stream_runs_s"]) == 2 and reports[side]["streams_audio_s_per_s"] > 0
 
 
+@pytest.mark.slow  # the same script as the test above, by its other, simpler schedule
 def test_upstream_engine_without_interleave_runs_one_side_after_the_other(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -29,6 +29,7 @@ from cosyserve.modeldir.manifest import check_manifest
 from cosyserve.modeldir.preflight import download_command
 
 if TYPE_CHECKING:
+    from cosyserve.accel.machine import Machine
     from cosyserve.accel.plan import Plan
 
 logger = logging.getLogger(__name__)
@@ -411,14 +412,15 @@ def gather(
     ort_version, providers = _onnxruntime_facts()
     av_version, unusable = _codec_facts()
     model_error, model_warning, weights = _model_facts(model_dir, verify_hashes)
-    plan, plan_error = _plan_facts(profile, choices or Choices())
+    machine = _machine()
+    plan, plan_error = _plan_facts(machine, profile, choices or Choices())
     return Facts(
         python=(sys.version_info.major, sys.version_info.minor, sys.version_info.micro),
         system=platform.system(),
         platform=platform.platform(),
         torch_version=torch_version,
         torch_cuda=torch_cuda,
-        cpu_bf16=_cpu_bf16(),
+        cpu_bf16=machine is not None and machine.cpu.native_bf16,
         gpus=gpus,
         cuda_error=cuda_error,
         driver_version=driver_version,
@@ -460,24 +462,25 @@ def _torch_facts() -> tuple[str | None, str | None, tuple[Gpu, ...], str | None]
     return torch.__version__, cuda, tuple(gpus), None
 
 
-def _plan_facts(profile: Profile, choices: Choices) -> "tuple[Plan | None, str | None]":
+def _machine() -> "Machine | None":
     try:
         from cosyserve.accel.machine import Machine
-        from cosyserve.accel.plan import choose_plan
     except ImportError:  # no torch: nothing can run, which the torch check reports
+        return None
+    return Machine.detect()
+
+
+def _plan_facts(
+    machine: "Machine | None", profile: Profile, choices: Choices
+) -> "tuple[Plan | None, str | None]":
+    if machine is None:
         return None, "no plan without torch"
+    from cosyserve.accel.plan import choose_plan
+
     try:
-        return choose_plan(Machine.detect(), profile, choices), None
+        return choose_plan(machine, profile, choices), None
     except CosyserveError as exc:
         return None, str(exc)
-
-
-def _cpu_bf16() -> bool:
-    try:
-        from cosyserve.accel.machine import Machine
-    except ImportError:  # no torch: nothing can run, which the torch check reports
-        return False
-    return Machine.detect().cpu.native_bf16
 
 
 def _nvidia_smi() -> tuple[str | None, str | None]:
