@@ -5,6 +5,7 @@ for the asyncio front that owns that thread).
 """
 
 import logging
+import time
 from collections.abc import Callable
 from functools import partial
 
@@ -85,6 +86,7 @@ class Engine:
         self.stats = EngineStats()
         decode_graphs = None
         if decode_capture is not None:
+            start = time.perf_counter()
             capture = partial(DecodeGraphs.for_engine, lm, cache, decode_capture, config.max_active)
             if torch.device(config.device).type == "cpu":
                 # Tracing runs each step once, multi-threaded: on a thread that then exits, so
@@ -94,14 +96,17 @@ class Engine:
                 decode_graphs = call_on_own_thread(capture, threads=threads, name="cosyserve-trace")
             else:
                 decode_graphs = capture()
-            logger.info("captured %d decode steps for replay", len(decode_graphs.replays))
+            elapsed = time.perf_counter() - start
+            logger.info("captured %d decode steps for replay in %.1f s", len(decode_graphs.replays), elapsed)
         self.lm_runner = LMRunner(lm, cache, self.stats, prefix_cache, decode_graphs)
         cpu = torch.device(config.device).type == "cpu"
         if config.traced_flow and cpu and config.flow_cache != "exact":
             # On a thread that then exits, as the decode traces above.
+            start = time.perf_counter()
             threads = torch.get_num_threads()
             traced = call_on_own_thread(flow.trace_steps_, threads=threads, name="cosyserve-trace")
-            logger.info("flow steps %s", "traced for replay" if traced else "run eagerly")
+            how = "traced for replay" if traced else "run eagerly"
+            logger.info("flow steps %s in %.1f s", how, time.perf_counter() - start)
         device = torch.device(config.device)
         graphed = device.type == "cuda" and config.cuda_graphs
         flow.cfm.step_capture = CudaStepCapture(device) if graphed else None

@@ -12,6 +12,7 @@ Lifecycle: ``starting`` (loading, warm-up; ``/ready`` answers 503) -> ``ready`` 
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 
@@ -91,6 +92,7 @@ class ServerRuntime:
     async def start(self) -> None:
         """Load, build and warm up; then the phase is ``ready`` (or ``failed``)."""
         settings = self.settings
+        started = time.perf_counter()
         # The event loop never runs model work: the engine's thread gets its torch threads.
         threads = hand_over_threads()
         try:
@@ -151,7 +153,7 @@ class ServerRuntime:
             self._fail()
             return
         self.phase = Phase.READY
-        logger.info("ready: model %s", settings.model_dir)
+        logger.info("ready: model %s, started in %.1f s", settings.model_dir, time.perf_counter() - started)
 
     async def _warm_up(self, service: SpeechService) -> None:
         """One short streamed synthesis with forced tokens, so the first real request does
@@ -168,9 +170,10 @@ class ServerRuntime:
         spec = await service.build_spec(request, "warmup")
         assert self._engine is not None
         samples = 0
+        start = time.perf_counter()
         async for chunk in self._engine.generate(spec):
             samples += chunk.audio.size
-        logger.info("warm-up done: %d samples", samples)
+        logger.info("warm-up done: %d samples in %.1f s", samples, time.perf_counter() - start)
 
     def _fail(self) -> None:
         self.phase = Phase.FAILED
