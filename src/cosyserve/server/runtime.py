@@ -89,12 +89,17 @@ class ServerRuntime:
             raise NotReadyError(f"the server is not accepting requests ({self.phase.value})")
         return self.service
 
-    async def start(self) -> None:
-        """Load, build and warm up; then the phase is ``ready`` (or ``failed``)."""
+    async def start(self, verify: Callable[[], None] | None = None) -> None:
+        """Load, build and warm up; then the phase is ``ready`` (or ``failed``).
+
+        ``verify``: a check of the model's files that raises where they are damaged, run
+        on a thread meanwhile (hashing the full model's took about as long as loading it);
+        its error fails the start, and explains a failure of the start before it."""
         settings = self.settings
         started = time.perf_counter()
         # The event loop never runs model work: the engine's thread gets its torch threads.
         threads = hand_over_threads()
+        verifying = None if verify is None else asyncio.ensure_future(asyncio.to_thread(verify))
         try:
             model = await asyncio.to_thread(
                 load_model,
@@ -144,14 +149,19 @@ class ServerRuntime:
                 self._grpc = await start_grpc_server(
                     service, settings.host, settings.grpc_port, grpc_config, self.grpc_interceptors
                 )
-        except (CosyserveError, OSError) as exc:
-            logger.error("server start failed: %s", exc)
+            if verifying is not None:
+                await verifying
+        except Exception as exc:
+            error = await _explained(exc, verifying)
+            if isinstance(error, CosyserveError | OSError):
+                logger.error("server start failed: %s", error)
+            else:
+                logger.error("server start failed", exc_info=error)
             self._fail()
             return
-        except Exception:
-            logger.exception("server start failed")
-            self._fail()
-            return
+        finally:
+            if verifying is not None:
+                verifying.cancel()  # a cancelled start does not wait for it
         self.phase = Phase.READY
         logger.info("ready: model %s, started in %.1f s", settings.model_dir, time.perf_counter() - started)
 
@@ -212,3 +222,15 @@ class ServerRuntime:
         if self.phase is not Phase.FAILED:
             self.phase = Phase.STOPPED
         logger.info("stopped")
+
+
+async def _explained(error: Exception, verifying: "asyncio.Future[None] | None") -> BaseException:
+    """``error``, or the model files' check's where it found them damaged: a damaged file
+    explains a failed load better than the load's own error does."""
+    if verifying is None:
+        return error
+    try:
+        await verifying
+    except Exception as failure:  # the check's own bug leaves the start's error standing
+        return failure if isinstance(failure, CosyserveError | OSError) else error
+    return error
