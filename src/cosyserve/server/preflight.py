@@ -9,6 +9,7 @@ the model loads (:meth:`~cosyserve.server.runtime.ServerRuntime.start`).
 
 import logging
 import time
+from dataclasses import dataclass
 
 from cosyserve.modeldir.layout import MANIFEST_FILE
 from cosyserve.modeldir.preflight import check_model_dir
@@ -18,17 +19,27 @@ from cosyserve.server.settings import Settings
 logger = logging.getLogger(__name__)
 
 
-def prepare(settings: Settings) -> AudioCache | None:
+@dataclass(frozen=True)
+class Prepared:
+    """The model directory's fingerprint, which keys what is derived from its files (the
+    audio cache, the traces a server keeps), and the audio cache (None when
+    ``audio_cache_mb`` is 0)."""
+
+    fingerprint: str
+    audio_cache: AudioCache | None
+
+
+def prepare(settings: Settings) -> Prepared:
     """Raise :class:`~cosyserve.errors.ModelDirError` (one line naming the files at fault,
     and the command that fixes it) for a missing directory or a file missing from or not
-    in its manifest (their contents are :func:`verify`'s); return the audio cache, or None
-    when it is off (``audio_cache_mb`` 0). Blocking: run in a thread."""
+    in its manifest (their contents are :func:`verify`'s). Blocking: run in a thread."""
     fingerprint = check_model_dir(settings.model_dir, verify_hashes=False)
     if settings.audio_cache_mb == 0:
-        return None
-    return AudioCache.open(
+        return Prepared(fingerprint, None)
+    cache = AudioCache.open(
         settings.audio_cache_dir, settings.audio_cache_mb << 20, settings.audio_cache_ttl_s, fingerprint
     )
+    return Prepared(fingerprint, cache)
 
 
 def verify(settings: Settings) -> None:

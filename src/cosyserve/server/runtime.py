@@ -21,8 +21,9 @@ import torch
 
 from cosyserve.engine.async_engine import AsyncEngine
 from cosyserve.engine.engine import Engine
-from cosyserve.engine.loader import engine_config_for, load_model
+from cosyserve.engine.loader import LoadedModel, engine_config_for, load_model
 from cosyserve.errors import CosyserveError
+from cosyserve.models.trace_cache import TraceCache
 from cosyserve.parallelism import hand_over_threads
 from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
 from cosyserve.pipeline.voice import VoicePrompt
@@ -89,9 +90,11 @@ class ServerRuntime:
             raise NotReadyError(f"the server is not accepting requests ({self.phase.value})")
         return self.service
 
-    async def start(self, verify: Callable[[], None] | None = None) -> None:
+    async def start(self, fingerprint: str | None = None, verify: Callable[[], None] | None = None) -> None:
         """Load, build and warm up; then the phase is ``ready`` (or ``failed``).
 
+        ``fingerprint``: the model directory's (:mod:`~cosyserve.server.preflight`), which
+        keys the TorchScript traces kept between starts (None: traced on every start).
         ``verify``: a check of the model's files that raises where they are damaged, run
         on a thread meanwhile (hashing the full model's took about as long as loading it);
         its error fails the start, and explains a failure of the start before it."""
@@ -126,8 +129,11 @@ class ServerRuntime:
                 traced_flow=settings.traced_flow,
                 pretouch_mb=settings.pretouch_mb,
             )
+            traces = None if fingerprint is None else TraceCache.create(_trace_key(fingerprint, model))
             # Off the event loop: the engine captures its decode steps as it is made.
-            engine = await asyncio.to_thread(Engine, model.lm, model.flow, model.hift, config)
+            engine = await asyncio.to_thread(
+                Engine, model.lm, model.flow, model.hift, config, trace_cache=traces
+            )
             self._engine = AsyncEngine(engine, threads=threads)
             # Off the event loop: start() waits for the engine thread's pretouch, if any.
             await asyncio.to_thread(self._engine.start)
@@ -222,6 +228,11 @@ class ServerRuntime:
         if self.phase is not Phase.FAILED:
             self.phase = Phase.STOPPED
         logger.info("stopped")
+
+
+def _trace_key(fingerprint: str, model: LoadedModel) -> str:
+    """What names ``model``'s traces: its files, its configuration and its precision."""
+    return f"model {fingerprint}\n{model.hparams!r}\n{model.precision.describe()}"
 
 
 async def _explained(error: Exception, verifying: "asyncio.Future[None] | None") -> BaseException:

@@ -40,7 +40,8 @@ from cosyserve.models.flow.blocks import SelfAttention, runs_as_matmul
 from cosyserve.models.flow.estimator import Estimator
 from cosyserve.models.flow.stream_cache import LayerStates
 from cosyserve.models.packed_linear import PackedLinear
-from cosyserve.models.torchscript import replay, trace_frozen
+from cosyserve.models.torchscript import Trace, replay, trace_frozen
+from cosyserve.models.trace_cache import TraceCache
 
 logger = logging.getLogger(__name__)
 
@@ -148,20 +149,22 @@ class TracedSteps:
         self._weights = tuple(m.packed for m in estimator.modules() if isinstance(m, PackedLinear))
         self._convs = [m for m in estimator.modules() if isinstance(m, nn.Conv1d)]
         # Keyed by (stateful, with_bias, each convolution's branch).
-        self._traces: dict[tuple[bool, bool, tuple[bool, ...]], torch.jit.ScriptModule] = {}
+        self._traces: dict[tuple[bool, bool, tuple[bool, ...]], Trace] = {}
         self._calls: list[_Call] = []
 
-    def capture(self, dtype: torch.dtype) -> bool:
-        """Record the traces on examples in ``dtype``; False (and eager calls) if
-        TorchScript cannot trace the estimator."""
+    def capture(self, dtype: torch.dtype, cache: TraceCache | None = None) -> bool:
+        """Record the traces on examples in ``dtype`` (or take them from ``cache``); False
+        (and eager calls) if TorchScript cannot trace the estimator."""
         examples = {self._branches(_EXAMPLE_BATCH, frames): frames for frames in _EXAMPLE_FRAMES}
         try:
             for branches, frames in examples.items():
                 for with_bias in (False, True):
-                    self._traces[True, with_bias, branches] = self._trace(frames, True, with_bias, dtype)
+                    self._traces[True, with_bias, branches] = self._trace(
+                        frames, True, with_bias, dtype, cache
+                    )
             long = _EXAMPLE_FRAMES[-1]
             self._traces[False, False, self._branches(_EXAMPLE_BATCH, long)] = self._trace(
-                long, False, False, dtype
+                long, False, False, dtype, cache
             )
         except (RuntimeError, TypeError, AttributeError) as exc:
             reason = type(exc).__name__
@@ -224,8 +227,8 @@ class TracedSteps:
                 position += 1
 
     def _trace(
-        self, frames: int, stateful: bool, with_bias: bool, dtype: torch.dtype
-    ) -> torch.jit.ScriptModule:
+        self, frames: int, stateful: bool, with_bias: bool, dtype: torch.dtype, cache: TraceCache | None
+    ) -> Trace:
         gen = torch.Generator().manual_seed(0)
         batch, mels = _EXAMPLE_BATCH, self.estimator.in_channels // 4  # its input: [x, mu, spks, cond]
         x, mu, cond = (torch.randn(batch, mels, frames, generator=gen).to(dtype) for _ in range(3))
@@ -243,8 +246,9 @@ class TracedSteps:
         module = _StepModule(self.estimator, stateful, with_bias, len(self._weights))
         biases = [] if bias is None else [bias]
         inputs = (x, mask, mu, t, spks, cond, *biases, *self._weights, *example.inputs)
-        frozen = trace_frozen(module, inputs)
-        if stateful and module.calls != self._calls:
+        frozen = trace_frozen(module, inputs) if cache is None else cache.frozen("flow", module, inputs, {})
+        # A trace from the cache ran no Python (no calls): they were checked when it was made.
+        if stateful and module.calls and module.calls != self._calls:
             raise RuntimeError("the traced estimator's layers ran in another order")
         replay(frozen, *inputs)  # the execution plan, built now (see replay)
         return frozen

@@ -50,16 +50,16 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async def start() -> None:
             try:
-                audio_cache = await asyncio.to_thread(preflight.prepare, settings)
+                prepared = await asyncio.to_thread(preflight.prepare, settings)
             except (CosyserveError, OSError) as exc:
                 logger.error("server start failed: %s", exc)
                 runtime.phase = Phase.FAILED
                 if on_fatal is not None:
                     on_fatal()
                 return
-            await runtime.start(verify=partial(preflight.verify, settings))
+            await runtime.start(prepared.fingerprint, partial(preflight.verify, settings))
             if runtime.service is not None:
-                runtime.service.audio_cache = audio_cache
+                runtime.service.audio_cache = prepared.audio_cache
             app.state.service = runtime.service if runtime.ready else None
 
         starting = asyncio.create_task(start(), name="cosyserve-start")
