@@ -35,12 +35,12 @@ step tests 240 python3 -m pytest -q -s -p no:cacheprovider -k "cuda or Cuda" \
 step init 120 "${cosyserve[@]}" model init "$model" --size full --seed 0 --force
 step flow-graphs 150 python3 benchmarks/flow_graphs.py --model-dir "$model" --json "$out/flow-graphs.json"
 bench=(bench engine --model-dir "$model" --tokens 150 --no-progress)
-step bf16 150 "${cosyserve[@]}" "${bench[@]}" --device cuda --dtype bf16 --concurrency 1,8,16 --json "$out/bf16.json"
-step bf16-stream 150 "${cosyserve[@]}" "${bench[@]}" --device cuda --dtype bf16 --stream --first-hop 5 \
-    --concurrency 1,8,16 --json "$out/bf16-stream.json"
+# The auto plan on the GPU (bf16, CUDA graphs, exact flow chunks batched across streams,
+# a 5-token first hop), then int4 LM weights over it.
+step auto 150 "${cosyserve[@]}" "${bench[@]}" --device cuda --concurrency 1,8,16 --json "$out/auto.json"
+step auto-stream 150 "${cosyserve[@]}" "${bench[@]}" --device cuda --stream \
+    --concurrency 1,8,16 --json "$out/auto-stream.json"
 step fp16-int4-stream 150 "${cosyserve[@]}" "${bench[@]}" --device cuda --dtype fp16 --quantize int4 --stream \
-    --first-hop 5 --concurrency 1,16 --json "$out/fp16-int4-stream.json"
-step bf16-stream-exact 150 "${cosyserve[@]}" "${bench[@]}" --device cuda --dtype bf16 --stream --first-hop 5 \
-    --flow-cache exact --concurrency 1,8,16 --json "$out/bf16-stream-exact.json"
+    --concurrency 1,16 --json "$out/fp16-int4-stream.json"
 step precision 240 python3 benchmarks/precision_quality.py "$model" --device cuda --repeats 3 \
     --settings fp32,bf16,fp16,bf16+int8,bf16+int4 --out "$out/precision.json"

@@ -1,5 +1,6 @@
 """Fixtures and options shared by the whole suite."""
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """cosyserve's cache directory (``cosyserve.paths.cache_dir``: the traces a server
+    keeps, ...) in a temporary directory, never the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache-home")))
+        yield
 
 
 @pytest.fixture(scope="session")

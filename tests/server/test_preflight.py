@@ -3,6 +3,7 @@ fetches it; a tampered, truncated or unlisted file stops the start in one line."
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,8 @@ def view(src: Path, dst: Path, replace: dict[str, bytes] | None = None) -> Path:
     return dst
 
 
-def flipped(data: bytes) -> bytes:
-    return data[:100] + bytes([data[100] ^ 1]) + data[101:]
+def flipped(data: bytes, at: int = 100) -> bytes:
+    return data[:at] + bytes([data[at] ^ 1]) + data[at + 1 :]
 
 
 def test_intact_directory_passes_with_the_manifest_as_fingerprint(tiny_model_dir: Path) -> None:
@@ -98,12 +99,28 @@ def test_no_manifest_is_a_warning(
     assert first == check_model_dir(bare) != manifest_digest(tiny_model_dir)
 
 
-def test_app_start_refuses_a_tampered_directory(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    ("name", "damage"),
+    [
+        (HIFT_FILE, flipped),
+        # The files are hashed while the model loads: a byte of a weight changed loads, and
+        # a truncated checkpoint fails to load before its hash is checked.
+        (HIFT_FILE, lambda data: flipped(data, len(data) // 2)),
+        (LLM_FILE, lambda data: data[: len(data) // 2]),
+    ],
+    ids=["tampered", "a weight changed", "truncated"],
+)
+def test_app_start_refuses_a_damaged_directory(
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    name: str,
+    damage: Callable[[bytes], bytes],
 ) -> None:
     monkeypatch.setenv("COSYSERVE_AUTH_MODE", "none")  # an open server, where access control exists
-    hift = (tiny_model_dir / HIFT_FILE).read_bytes()
-    damaged = view(tiny_model_dir, tmp_path / "damaged", {HIFT_FILE: flipped(hift)})
+    data = (tiny_model_dir / name).read_bytes()
+    damaged = view(tiny_model_dir, tmp_path / "damaged", {name: damage(data)})
     fatal: list[bool] = []
     settings = Settings.load(model_dir=damaged, voices_db=tmp_path / "voices.sqlite3", grpc_port=0)
     app = create_app(settings, on_fatal=lambda: fatal.append(True))
@@ -116,4 +133,4 @@ def test_app_start_refuses_a_tampered_directory(
         assert client.get("/ready").status_code == 503
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and errors[0].startswith("server start failed: model directory")
-    assert f"{HIFT_FILE}: content differs" in errors[0]
+    assert f"{name}: content differs" in errors[0]

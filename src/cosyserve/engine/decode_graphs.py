@@ -33,7 +33,7 @@ again, which checks the static-buffer path against the eager one.
 """
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,7 +44,8 @@ from cosyserve.accel.quantize import Int8DynamicLinear
 from cosyserve.models.kv_cache import KVCache, causal_mask
 from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.models.span_attention import KEY_BLOCK, padded_span
-from cosyserve.models.torchscript import replay, trace_frozen
+from cosyserve.models.torchscript import Trace, replay, trace_frozen
+from cosyserve.models.trace_cache import TraceCache
 
 # A step's work for the shape of its argument: a (B, span) view whose sizes are the step's
 # rows and the keys each reads (traced, they stay sizes of an input, not constants).
@@ -61,12 +62,19 @@ class Capture(Protocol):
     """Records ``step`` at ``shape`` and returns its replay. ``shape_free``: the replay
     takes any shape (a trace); otherwise only the one it was captured at. ``buffers``: the
     tensors the step reads that the host rewrites between replays (tokens, slots,
-    positions)."""
+    positions); ``state``: the other tensors outside the LM that it reads or writes in
+    place (the KV cache, scratch), by name."""
 
     @property
     def shape_free(self) -> bool: ...
 
-    def __call__(self, step: Step, shape: torch.Tensor, buffers: Sequence[torch.Tensor]) -> Replay: ...
+    def __call__(
+        self,
+        step: Step,
+        shape: torch.Tensor,
+        buffers: Sequence[torch.Tensor],
+        state: Mapping[str, torch.Tensor],
+    ) -> Replay: ...
 
 
 @dataclass(frozen=True)
@@ -76,7 +84,13 @@ class EagerCapture:
 
     shape_free: bool = False
 
-    def __call__(self, step: Step, shape: torch.Tensor, buffers: Sequence[torch.Tensor]) -> Replay:
+    def __call__(
+        self,
+        step: Step,
+        shape: torch.Tensor,
+        buffers: Sequence[torch.Tensor],
+        state: Mapping[str, torch.Tensor],
+    ) -> Replay:
         return step
 
 
@@ -103,13 +117,15 @@ class TraceCapture:
 
     A trace holds no copy of the weights, but traces and their replays keep memory that
     eager steps do not (measured in ``EngineConfig.traced_decode``). Where the LM cannot be
-    traced (torch without TorchScript, say), the step runs eagerly, with one warning.
+    traced (torch without TorchScript, say), the step runs eagerly, with one warning. With
+    ``cache``, traces come from it where it has them (:mod:`cosyserve.models.trace_cache`).
     """
 
     shape_free = True
 
-    def __init__(self, lm: CosyVoice2LM) -> None:
+    def __init__(self, lm: CosyVoice2LM, cache: TraceCache | None = None) -> None:
         self.lm = lm
+        self.cache = cache
         self.failed = False
         self._weights = tuple(
             module.onednn.packed
@@ -117,7 +133,13 @@ class TraceCapture:
             if isinstance(module, Int8DynamicLinear) and module.onednn is not None
         )
 
-    def __call__(self, step: Step, shape: torch.Tensor, buffers: Sequence[torch.Tensor]) -> Replay:
+    def __call__(
+        self,
+        step: Step,
+        shape: torch.Tensor,
+        buffers: Sequence[torch.Tensor],
+        state: Mapping[str, torch.Tensor],
+    ) -> Replay:
         if self.failed:
             return step
         # The buffers are inputs, not constants: freezing folds ops on constants and pools
@@ -127,7 +149,12 @@ class TraceCapture:
         try:
             # A lone row's branches (its speech head) are fixed by its trace: DecodeGraphs
             # traces a lone row apart.
-            traced = trace_frozen(_StepModule(self.lm, step), (shape, *inputs))
+            module, example = _StepModule(self.lm, step), (shape, *inputs)
+            traced: Trace
+            if self.cache is None:
+                traced = trace_frozen(module, example)
+            else:
+                traced = self.cache.frozen("decode", module, example, state)
         except (RuntimeError, TypeError, AttributeError) as exc:
             logger.warning("decode steps run eagerly: the LM could not be traced (%s)", type(exc).__name__)
             self.failed = True
@@ -152,7 +179,13 @@ class CudaGraphCapture:
         with torch.cuda.device(device):
             self._pool = torch.cuda.graph_pool_handle()
 
-    def __call__(self, step: Step, shape: torch.Tensor, buffers: Sequence[torch.Tensor]) -> Replay:
+    def __call__(
+        self,
+        step: Step,
+        shape: torch.Tensor,
+        buffers: Sequence[torch.Tensor],
+        state: Mapping[str, torch.Tensor],
+    ) -> Replay:
         with torch.cuda.device(self.device):
             # Warm up on a side stream first, as torch's CUDA graph docs require (lazy
             # initialisation, kernel selection), so that the capture records steady work.
@@ -291,7 +324,8 @@ class DecodeGraphs:
                     # its bucket serves, and its run at capture touches little memory.
                     rows, keys = (fewest[batch], KEY_BLOCK) if self.shape_free else (batch, span)
                     buffers = (self._tokens, self._slots, self._positions)
-                    self.replays[batch, span] = capture(self._step, self._shape[:rows, :keys], buffers)
+                    state = {"k": cache.k, "v": cache.v, "keys": self._keys, "history": self._history}
+                    self.replays[batch, span] = capture(self._step, self._shape[:rows, :keys], buffers, state)
         if self.shape_free:
             # Its replays never pad: the slot goes back as free slots are, zeroed where the
             # captures' runs wrote.

@@ -5,6 +5,7 @@ for the asyncio front that owns that thread).
 """
 
 import logging
+import time
 from collections.abc import Callable
 from functools import partial
 
@@ -36,6 +37,7 @@ from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.models.prefix_cache import PrefixCache
 from cosyserve.models.sampling import LengthLimits
+from cosyserve.models.trace_cache import TraceCache
 from cosyserve.parallelism import call_on_own_thread
 
 logger = logging.getLogger(__name__)
@@ -63,15 +65,18 @@ class Engine:
         hift: HiFTGenerator,
         config: EngineConfig,
         decode_capture: Capture | None = None,
+        trace_cache: TraceCache | None = None,
     ) -> None:
         """``decode_capture``: how decode steps are captured for replay (see
         :mod:`cosyserve.engine.decode_graphs`); by default CUDA graphs on a CUDA device if
         ``config.cuda_graphs``, TorchScript traces on a CPU if ``config.traced_decode``,
-        and eager steps otherwise."""
+        and eager steps otherwise. ``trace_cache``: where the CPU's TorchScript traces (the
+        default decode capture's and the flow's) are kept between starts; None: traced on
+        every start."""
         self.config = config
         self.lm_cfg = lm.cfg
         if decode_capture is None:
-            decode_capture = _default_capture(lm, config)
+            decode_capture = _default_capture(lm, config, trace_cache)
         # Steps captured in buckets take one slot more: the padded rows' scratch slot.
         slots = config.max_active + (0 if decode_capture is None or decode_capture.shape_free else 1)
         cache = KVCache.for_config(
@@ -85,6 +90,7 @@ class Engine:
         self.stats = EngineStats()
         decode_graphs = None
         if decode_capture is not None:
+            start = time.perf_counter()
             capture = partial(DecodeGraphs.for_engine, lm, cache, decode_capture, config.max_active)
             if torch.device(config.device).type == "cpu":
                 # Tracing runs each step once, multi-threaded: on a thread that then exits, so
@@ -94,14 +100,18 @@ class Engine:
                 decode_graphs = call_on_own_thread(capture, threads=threads, name="cosyserve-trace")
             else:
                 decode_graphs = capture()
-            logger.info("captured %d decode steps for replay", len(decode_graphs.replays))
+            elapsed = time.perf_counter() - start
+            logger.info("captured %d decode steps for replay in %.1f s", len(decode_graphs.replays), elapsed)
         self.lm_runner = LMRunner(lm, cache, self.stats, prefix_cache, decode_graphs)
         cpu = torch.device(config.device).type == "cpu"
         if config.traced_flow and cpu and config.flow_cache != "exact":
             # On a thread that then exits, as the decode traces above.
+            start = time.perf_counter()
             threads = torch.get_num_threads()
-            traced = call_on_own_thread(flow.trace_steps_, threads=threads, name="cosyserve-trace")
-            logger.info("flow steps %s", "traced for replay" if traced else "run eagerly")
+            trace = partial(flow.trace_steps_, trace_cache)
+            traced = call_on_own_thread(trace, threads=threads, name="cosyserve-trace")
+            how = "traced for replay" if traced else "run eagerly"
+            logger.info("flow steps %s in %.1f s", how, time.perf_counter() - start)
         device = torch.device(config.device)
         graphed = device.type == "cuda" and config.cuda_graphs
         flow.cfm.step_capture = CudaStepCapture(device) if graphed else None
@@ -334,11 +344,13 @@ class Engine:
             self._release(request)
 
 
-def _default_capture(lm: CosyVoice2LM, config: EngineConfig) -> Capture | None:
+def _default_capture(
+    lm: CosyVoice2LM, config: EngineConfig, trace_cache: TraceCache | None
+) -> Capture | None:
     device = torch.device(config.device)
     if device.type == "cuda":
         return CudaGraphCapture(device) if config.cuda_graphs else None
-    return TraceCapture(lm) if config.traced_decode and device.type == "cpu" else None
+    return TraceCapture(lm, trace_cache) if config.traced_decode and device.type == "cpu" else None
 
 
 def _silence() -> np.ndarray:

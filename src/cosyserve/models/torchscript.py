@@ -13,6 +13,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+# A trace as its callers run it: a frozen module, or one loaded from the cache and bound to
+# the live weights (cosyserve.models.trace_cache).
+Trace = Callable[..., Any]
+
 
 def trace_frozen(module: nn.Module, inputs: Sequence[Tensor]) -> torch.jit.ScriptModule:
     """``module`` traced on ``inputs`` and frozen: its submodules' calls inlined and its
@@ -31,7 +35,7 @@ def trace_frozen(module: nn.Module, inputs: Sequence[Tensor]) -> torch.jit.Scrip
     return frozen
 
 
-def replay(traced: torch.jit.ScriptModule, *inputs: Tensor) -> Any:
+def replay(traced: Trace, *inputs: Tensor) -> Any:
     """Run ``traced`` in the plain interpreter: the optimizing one profiles a graph's first
     two runs (290-380 ms each for a full-model decode step, against 76 ms) for no faster
     runs. Call it once right after tracing: a trace's first run builds its execution plan

@@ -12,6 +12,7 @@ Lifecycle: ``starting`` (loading, warm-up; ``/ready`` answers 503) -> ``ready`` 
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 
@@ -22,8 +23,9 @@ from cosyserve.accel.machine import Machine
 from cosyserve.accel.plan import Plan, choose_plan
 from cosyserve.engine.async_engine import AsyncEngine
 from cosyserve.engine.engine import Engine
-from cosyserve.engine.loader import engine_config_for, load_model
+from cosyserve.engine.loader import LoadedModel, engine_config_for, load_model
 from cosyserve.errors import CosyserveError
+from cosyserve.models.trace_cache import TraceCache
 from cosyserve.parallelism import hand_over_threads
 from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
 from cosyserve.pipeline.voice import VoicePrompt
@@ -91,11 +93,19 @@ class ServerRuntime:
             raise NotReadyError(f"the server is not accepting requests ({self.phase.value})")
         return self.service
 
-    async def start(self) -> None:
-        """Load, build and warm up; then the phase is ``ready`` (or ``failed``)."""
+    async def start(self, fingerprint: str | None = None, verify: Callable[[], None] | None = None) -> None:
+        """Load, build and warm up; then the phase is ``ready`` (or ``failed``).
+
+        ``fingerprint``: the model directory's (:mod:`~cosyserve.server.preflight`), which
+        keys the TorchScript traces kept between starts (None: traced on every start).
+        ``verify``: a check of the model's files that raises where they are damaged, run
+        on a thread meanwhile (hashing the full model's took about as long as loading it);
+        its error fails the start, and explains a failure of the start before it."""
         settings = self.settings
+        started = time.perf_counter()
         # The event loop never runs model work: the engine's thread gets its torch threads.
         threads = hand_over_threads()
+        verifying = None if verify is None else asyncio.ensure_future(asyncio.to_thread(verify))
         try:
             plan = choose_plan(Machine.detect(), settings.profile, settings.choices(), threads)
             self.plan = plan
@@ -107,8 +117,11 @@ class ServerRuntime:
                 max_waiting=settings.max_queued,
                 flow_prompt_cache_mb=settings.flow_prompt_cache_mb,
             )
+            traces = None if fingerprint is None else TraceCache.create(_trace_key(fingerprint, model))
             # Off the event loop: the engine captures its decode steps as it is made.
-            engine = await asyncio.to_thread(Engine, model.lm, model.flow, model.hift, config)
+            engine = await asyncio.to_thread(
+                Engine, model.lm, model.flow, model.hift, config, trace_cache=traces
+            )
             self._engine = AsyncEngine(engine, threads=threads)
             await asyncio.to_thread(self._engine.start)
             self._voices = await asyncio.to_thread(VoiceStore, settings.voices_db)
@@ -130,16 +143,21 @@ class ServerRuntime:
                 self._grpc = await start_grpc_server(
                     service, settings.host, settings.grpc_port, grpc_config, self.grpc_interceptors
                 )
-        except (CosyserveError, OSError) as exc:
-            logger.error("server start failed: %s", exc)
+            if verifying is not None:
+                await verifying
+        except Exception as exc:
+            error = await _explained(exc, verifying)
+            if isinstance(error, CosyserveError | OSError):
+                logger.error("server start failed: %s", error)
+            else:
+                logger.error("server start failed", exc_info=error)
             self._fail()
             return
-        except Exception:
-            logger.exception("server start failed")
-            self._fail()
-            return
+        finally:
+            if verifying is not None:
+                verifying.cancel()  # a cancelled start does not wait for it
         self.phase = Phase.READY
-        logger.info("ready: model %s", settings.model_dir)
+        logger.info("ready: model %s, started in %.1f s", settings.model_dir, time.perf_counter() - started)
 
     async def _warm_up(self, service: SpeechService) -> None:
         """One short streamed synthesis with forced tokens, so the first real request does
@@ -156,9 +174,10 @@ class ServerRuntime:
         spec = await service.build_spec(request, "warmup")
         assert self._engine is not None
         samples = 0
+        start = time.perf_counter()
         async for chunk in self._engine.generate(spec):
             samples += chunk.audio.size
-        logger.info("warm-up done: %d samples", samples)
+        logger.info("warm-up done: %d samples in %.1f s", samples, time.perf_counter() - start)
 
     def _fail(self) -> None:
         self.phase = Phase.FAILED
@@ -197,3 +216,22 @@ class ServerRuntime:
         if self.phase is not Phase.FAILED:
             self.phase = Phase.STOPPED
         logger.info("stopped")
+
+
+def _trace_key(fingerprint: str, model: LoadedModel) -> str:
+    """What names ``model``'s traces: its files, its configuration, its plan (precision,
+    kernels, attention path: all shape what is traced) and the machine it was made for."""
+    plan = model.plan
+    return f"model {fingerprint}\n{model.hparams!r}\n{plan.describe()}\n{plan.machine!r}"
+
+
+async def _explained(error: Exception, verifying: "asyncio.Future[None] | None") -> BaseException:
+    """``error``, or the model files' check's where it found them damaged: a damaged file
+    explains a failed load better than the load's own error does."""
+    if verifying is None:
+        return error
+    try:
+        await verifying
+    except Exception as failure:  # the check's own bug leaves the start's error standing
+        return failure if isinstance(failure, CosyserveError | OSError) else error
+    return error

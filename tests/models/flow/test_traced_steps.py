@@ -1,20 +1,25 @@
 """The estimator's calls replayed from traces (``Flow.trace_steps_``) give the eager
 calls' bits: incremental streaming (lone and batched streams, ragged batches with an
 attention bias, forks of a primed voice's shared cached positions) and whole
-non-streaming calls, with float32 and packed bfloat16 weights."""
+non-streaming calls, with float32 and packed bfloat16 weights; traces from the cache
+(``TraceCache``) give the fresh traces' bits."""
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
 
+from cosyserve.accel.quantize import fp16_weights_
 from cosyserve.modeldir.presets import TINY
 from cosyserve.models.flow import Flow
 from cosyserve.models.flow.blocks import pack_convs_
 from cosyserve.models.flow.rows import FlowRow, infer_rows
 from cosyserve.models.flow.stream_cache import FlowStreamCache
 from cosyserve.models.packed_linear import PackedLinear, pack_linears_, packing_available
+from cosyserve.models.trace_cache import TraceCache
 from tests.models.flow.test_flow_rows import Voice, stream_in_lockstep
+from tests.models.test_trace_cache import count_traces
 
 
 def _in_dtype(flow: Flow, dtype: torch.dtype) -> Flow:
@@ -117,3 +122,26 @@ def _voice(voice: Voice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def _not_called(*args: object, **kwargs: object) -> torch.Tensor:
     raise AssertionError("the estimator ran eagerly")
+
+
+@pytest.mark.parametrize("weights", ["fp32", "fp16"])
+def test_traces_from_the_cache_give_the_fresh_traces_bits(
+    flow: Flow, weights: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = count_traces(monkeypatch)
+    fresh, cached = copy.deepcopy(flow), copy.deepcopy(flow)
+    if weights == "fp16":  # packed weights: objects, not tensors
+        fp16_weights_(fresh.cfm.estimator)
+        fp16_weights_(cached.cfm.estimator)
+    cache = TraceCache(tmp_path, "model")
+    assert fresh.trace_steps_(cache) and fresh.cfm.traced_steps is not None
+    traces = fresh.cfm.traced_steps.traces
+    assert len(made) == traces == len(list(tmp_path.iterdir()))
+    assert cached.trace_steps_(cache) and cached.cfm.traced_steps is not None
+    assert len(made) == traces == cached.cfm.traced_steps.traces  # none made: all from the files
+    voices = [Voice(53, 80, 5), Voice(13, 71, 6), Voice(20, 64, 7)]
+    hops = [5, None, 6]  # out of step: ragged batches, with an attention bias
+    want = _lockstep(fresh, voices, hops, fresh.prime_stream(*_voice(voices[0])))
+    got = _lockstep(cached, voices, hops, cached.prime_stream(*_voice(voices[0])))
+    for g, w in zip(got, want, strict=True):
+        assert len(g) == len(w) and all(torch.equal(a, b) for a, b in zip(g, w, strict=True))

@@ -17,6 +17,7 @@ from cosyserve.models.flow.estimator import Estimator
 from cosyserve.models.flow.stream_cache import FlowStreamCache
 from cosyserve.models.flow.table import flow_checkpoint_table
 from cosyserve.models.flow.traced_steps import TracedSteps
+from cosyserve.models.trace_cache import TraceCache
 
 # The model-directory tools take the module and its checkpoint table from here.
 __all__ = ["Flow", "check_flow_config", "flow_checkpoint_table"]
@@ -91,13 +92,14 @@ class Flow(nn.Module):
             if isinstance(module, (SelfAttention, RelPositionAttention)):
                 module.fused_bf16 = fused
 
-    def trace_steps_(self) -> bool:
+    def trace_steps_(self, cache: TraceCache | None = None) -> bool:
         """Replay the estimator's calls from TorchScript traces
-        (:mod:`cosyserve.models.flow.traced_steps`), recorded now unless they were already;
-        False where the estimator cannot be traced (the calls then run eagerly)."""
+        (:mod:`cosyserve.models.flow.traced_steps`), recorded now (or taken from ``cache``)
+        unless they were already; False where the estimator cannot be traced (the calls
+        then run eagerly)."""
         if self.cfm.traced_steps is None:
             steps = TracedSteps(self.cfm.estimator)
-            if not steps.capture(self.speaker_proj.weight.dtype):
+            if not steps.capture(self.speaker_proj.weight.dtype, cache):
                 return False
             self.cfm.traced_steps = steps
         return True

@@ -40,7 +40,8 @@ from cosyserve.models.flow.blocks import SelfAttention, runs_as_matmul
 from cosyserve.models.flow.estimator import Estimator
 from cosyserve.models.flow.stream_cache import LayerStates
 from cosyserve.models.packed_linear import PackedLinear
-from cosyserve.models.torchscript import replay, trace_frozen
+from cosyserve.models.torchscript import Trace, replay, trace_frozen
+from cosyserve.models.trace_cache import TraceCache
 
 logger = logging.getLogger(__name__)
 
@@ -88,29 +89,31 @@ class _StateInputs(LayerStates):
 
 
 class _ExampleStates(LayerStates):
-    """States of ``cached`` zero positions for every layer, read by the call that records
-    the calls' order before tracing; ``inputs`` collects what each call read."""
+    """States of ``cached`` zero positions for every layer, of ``like``'s batch and dtype:
+    read by the eager call that records the calls' order before tracing, and as the
+    traces' examples (:meth:`TracedSteps._cached`)."""
 
-    def __init__(self, cached: int) -> None:
+    def __init__(self, cached: int, like: Tensor) -> None:
         super().__init__()
         self.cached_length = cached
-        self.inputs: list[Tensor] = []
+        self.like = like
         self.calls: list[_Call] = []
 
     def attend(
         self, layer: nn.Module, k: Tensor, v: Tensor, inputs: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        past = k.new_zeros(k.shape[0], k.shape[1], self.cached_length, k.shape[3])
-        empty = k[:, :, :0]
-        self.inputs += [past, empty, past, empty]
+        (past,), _ = self.cached(layer)
         self.calls.append(_Call(layer))
         return torch.cat([past, k], dim=2), torch.cat([past, v], dim=2)
 
     def left_pad(self, conv: nn.Module, x: Tensor, width: int) -> Tensor:
-        context = x.new_zeros(x.shape[0], x.shape[1], width)
-        self.inputs.append(context)
         self.calls.append(_Call(conv, width))
-        return torch.cat([context, x], dim=2)
+        return torch.cat([self.context(conv, x.shape[0], x.shape[1], width, x), x], dim=2)
+
+    def cached(self, layer: nn.Module) -> tuple[list[Tensor], list[Tensor]]:
+        assert isinstance(layer, SelfAttention)
+        past = self.like.new_zeros(self.like.shape[0], layer.heads, self.cached_length, layer.head_dim)
+        return [past], [past]
 
 
 class _StepModule(nn.Module):
@@ -148,20 +151,22 @@ class TracedSteps:
         self._weights = tuple(m.packed for m in estimator.modules() if isinstance(m, PackedLinear))
         self._convs = [m for m in estimator.modules() if isinstance(m, nn.Conv1d)]
         # Keyed by (stateful, with_bias, each convolution's branch).
-        self._traces: dict[tuple[bool, bool, tuple[bool, ...]], torch.jit.ScriptModule] = {}
+        self._traces: dict[tuple[bool, bool, tuple[bool, ...]], Trace] = {}
         self._calls: list[_Call] = []
 
-    def capture(self, dtype: torch.dtype) -> bool:
-        """Record the traces on examples in ``dtype``; False (and eager calls) if
-        TorchScript cannot trace the estimator."""
+    def capture(self, dtype: torch.dtype, cache: TraceCache | None = None) -> bool:
+        """Record the traces on examples in ``dtype`` (or take them from ``cache``); False
+        (and eager calls) if TorchScript cannot trace the estimator."""
         examples = {self._branches(_EXAMPLE_BATCH, frames): frames for frames in _EXAMPLE_FRAMES}
         try:
             for branches, frames in examples.items():
                 for with_bias in (False, True):
-                    self._traces[True, with_bias, branches] = self._trace(frames, True, with_bias, dtype)
+                    self._traces[True, with_bias, branches] = self._trace(
+                        frames, True, with_bias, dtype, cache
+                    )
             long = _EXAMPLE_FRAMES[-1]
             self._traces[False, False, self._branches(_EXAMPLE_BATCH, long)] = self._trace(
-                long, False, False, dtype
+                long, False, False, dtype, cache
             )
         except (RuntimeError, TypeError, AttributeError) as exc:
             reason = type(exc).__name__
@@ -224,8 +229,8 @@ class TracedSteps:
                 position += 1
 
     def _trace(
-        self, frames: int, stateful: bool, with_bias: bool, dtype: torch.dtype
-    ) -> torch.jit.ScriptModule:
+        self, frames: int, stateful: bool, with_bias: bool, dtype: torch.dtype, cache: TraceCache | None
+    ) -> Trace:
         gen = torch.Generator().manual_seed(0)
         batch, mels = _EXAMPLE_BATCH, self.estimator.in_channels // 4  # its input: [x, mu, spks, cond]
         x, mu, cond = (torch.randn(batch, mels, frames, generator=gen).to(dtype) for _ in range(3))
@@ -234,17 +239,19 @@ class TracedSteps:
         spks = torch.randn(batch, mels, generator=gen).to(dtype)
         cached = _EXAMPLE_CACHED if stateful else 0
         bias = torch.zeros(batch, 1, frames, cached + frames, dtype=dtype) if with_bias else None
-        example = _ExampleStates(cached)
-        if stateful:
+        example = _ExampleStates(cached, x)
+        if stateful and not self._calls:
+            # The layers' order, from one eager call (each trace made checks it): the
+            # traces' state inputs follow it.
             self.estimator(x, mask, mu, t, spks, cond, bias, example)
-            if self._calls and self._calls != example.calls:
-                raise RuntimeError("the estimator's layers ran in another order")
             self._calls = example.calls
         module = _StepModule(self.estimator, stateful, with_bias, len(self._weights))
         biases = [] if bias is None else [bias]
-        inputs = (x, mask, mu, t, spks, cond, *biases, *self._weights, *example.inputs)
-        frozen = trace_frozen(module, inputs)
-        if stateful and module.calls != self._calls:
+        states = self._cached(example, x) if stateful else []
+        inputs = (x, mask, mu, t, spks, cond, *biases, *self._weights, *states)
+        frozen = trace_frozen(module, inputs) if cache is None else cache.frozen("flow", module, inputs, {})
+        # A trace from the cache ran no Python (no calls): they were checked when it was made.
+        if stateful and module.calls and module.calls != self._calls:
             raise RuntimeError("the traced estimator's layers ran in another order")
         replay(frozen, *inputs)  # the execution plan, built now (see replay)
         return frozen

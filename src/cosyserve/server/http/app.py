@@ -2,9 +2,10 @@
 
 The lifespan starts the :class:`~cosyserve.server.runtime.ServerRuntime` in the background
 (model directory check and audio cache, :mod:`~cosyserve.server.preflight`; then model
-loading, engine thread, voice store, warm-up), so ``/health`` answers at once and
-``/ready`` turns 200 when synthesis is possible. Routes, wire models and the service live
-in their own modules; routes reach the service through ``request.app.state.service``.
+loading while the files are hashed, engine thread, voice store, warm-up), so ``/health``
+answers at once and ``/ready`` turns 200 when synthesis is possible. Routes, wire models
+and the service live in their own modules; routes reach the service through
+``request.app.state.service``.
 """
 
 import asyncio
@@ -13,6 +14,7 @@ import logging
 import os
 import signal
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 from fastapi import FastAPI
 
@@ -50,18 +52,18 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async def start() -> None:
             try:
-                audio_cache = await asyncio.to_thread(preflight.prepare, settings)
+                prepared = await asyncio.to_thread(preflight.prepare, settings)
             except (CosyserveError, OSError) as exc:
                 logger.error("server start failed: %s", exc)
                 runtime.phase = Phase.FAILED
                 if on_fatal is not None:
                     on_fatal()
                 return
-            await runtime.start()
+            await runtime.start(prepared.fingerprint, partial(preflight.verify, settings))
             if runtime.plan is not None:
                 metrics.plan.info(runtime.plan.labels())
             if runtime.service is not None:
-                runtime.service.audio_cache = audio_cache
+                runtime.service.audio_cache = prepared.audio_cache
             app.state.service = runtime.service if runtime.ready else None
 
         starting = asyncio.create_task(start(), name="cosyserve-start")
