@@ -8,9 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 
 
+@pytest.mark.slow  # two loads in fresh processes, the page cache dropped between
 def test_load_memory_reports_each_setting_and_new_text_reads_no_disk(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

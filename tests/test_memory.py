@@ -49,6 +49,7 @@ def _faults_of_two_rounds(mode: str) -> tuple[int, int]:
     return first, second
 
 
+@pytest.mark.slow  # writes 2 GiB four times in fresh interpreters
 def test_freed_memory_is_reused_without_page_faults() -> None:
     if not retain_freed_memory():
         pytest.skip("the C library is not glibc")

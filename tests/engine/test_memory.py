@@ -4,6 +4,7 @@ import gc
 import weakref
 from collections import Counter
 
+import pytest
 import torch
 
 from cosyserve.bench.engine_runs import make_engine
@@ -72,6 +73,7 @@ def run(engine: Engine, model: LoadedModel, first: int, last: int) -> list[weakr
     return refs
 
 
+@pytest.mark.slow  # a soak: the engine's own tests free every request's state one by one
 def test_two_hundred_requests_leave_no_trace(tiny_model: LoadedModel) -> None:
     engine = make_engine(tiny_model, max_active=IN_FLIGHT)
     run(engine, tiny_model, 0, WARM_UP)
