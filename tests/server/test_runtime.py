@@ -34,6 +34,9 @@ def test_bf16_setting_loads_a_bf16_model_with_a_bf16_kv_cache(
         try:
             assert runtime.phase is Phase.READY  # the warm-up synthesis ran in bf16
             service = runtime.require_service()
+            # It took a streamed chunk and a final one through the flow and the vocoder.
+            stats = service.engine.engine.stats
+            assert (stats.flow_rows, stats.hift_rows) == (2, 2)
             assert next(service.model.flow.parameters()).dtype == torch.bfloat16
             cache = service.engine.engine.lm_runner.cache
             assert cache.k.dtype == cache.v.dtype == torch.bfloat16

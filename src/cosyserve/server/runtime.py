@@ -27,7 +27,7 @@ from cosyserve.engine.loader import LoadedModel, engine_config_for, load_model
 from cosyserve.errors import CosyserveError
 from cosyserve.models.trace_cache import TraceCache
 from cosyserve.parallelism import hand_over_threads
-from cosyserve.pipeline.request import Mode, SynthesisOptions, SynthesisRequest
+from cosyserve.pipeline.request import MIN_FIRST_HOP, Mode, SynthesisOptions, SynthesisRequest
 from cosyserve.pipeline.voice import VoicePrompt
 from cosyserve.server.error_map import NotReadyError
 from cosyserve.server.grpc import GrpcConfig, start_grpc_server
@@ -38,9 +38,6 @@ from cosyserve.server.settings import Settings
 from cosyserve.voices.store import VoiceStore
 
 logger = logging.getLogger(__name__)
-
-# Forced speech tokens of the warm-up request: enough for a streamed chunk and a final one.
-WARMUP_TOKENS = 30
 
 
 class Phase(StrEnum):
@@ -161,15 +158,23 @@ class ServerRuntime:
 
     async def _warm_up(self, service: SpeechService) -> None:
         """One short streamed synthesis with forced tokens, so the first real request does
-        not pay for lazy initialisation (allocator, kernels, caches)."""
+        not pay for lazy initialisation (allocator, kernels, caches). It takes each path a
+        request takes (prefill, decode, a streamed and a final chunk of flow and vocoder) on
+        the fewest tokens: longer chunks cost seconds of start-up to repeat the same work
+        (the replayed traces' first runs were made when they were captured). The memory a
+        request's longer chunks need beyond these is faulted in by the first (about 85 MiB,
+        tens of milliseconds, on the full model), or at start with ``pretouch_mb``."""
         model = service.model
         embedding = torch.zeros(model.hparams.flow.spk_embed_dim)
+        # A streamed chunk of MIN_FIRST_HOP tokens and the look-ahead it sees, which then
+        # make the final chunk.
+        tokens = MIN_FIRST_HOP + model.hparams.flow.pre_lookahead_len
         request = SynthesisRequest(
             "warm up.",
             Mode.SFT,
             voice=VoicePrompt.from_embedding(embedding, "warmup"),
             stream=True,
-            options=SynthesisOptions(seed=0, min_tokens=WARMUP_TOKENS, max_tokens=WARMUP_TOKENS),
+            options=SynthesisOptions(seed=0, min_tokens=tokens, max_tokens=tokens, first_hop=MIN_FIRST_HOP),
         )
         spec = await service.build_spec(request, "warmup")
         assert self._engine is not None
