@@ -74,7 +74,8 @@ def time_start(model_dir: Path, serve_flags: list[str], cache: Path) -> dict[str
     """Start ``serve`` once with ``cache`` as its cache root; the wall time to ready and
     the phases (see the module docstring)."""
     command = [sys.executable, "-c", SERVE, "serve", "--model-dir", str(model_dir), "--auth-mode", "none"]
-    command += ["--port", "0", "--grpc-port", "0", "--log-format", "json", *serve_flags]
+    # Its stderr is a pipe here, so the server logs JSON lines.
+    command += ["--port", "0", "--grpc-port", "0", *serve_flags]
     env = os.environ | {"XDG_CACHE_HOME": str(cache)}
     start = time.perf_counter()
     server = subprocess.Popen(
