@@ -13,6 +13,7 @@ from torch import nn
 
 from cosyserve.errors import InvalidRequestError, ModelDirError
 from cosyserve.modeldir.hparams import LMConfig
+from cosyserve.models.embedding import embedding
 from cosyserve.models.kv_cache import KVCache
 from cosyserve.models.qwen2 import Qwen2Model
 from cosyserve.weights.checkpoint import CheckpointTable
@@ -36,9 +37,9 @@ class CosyVoice2LM(nn.Module):
             )
         self.cfg = cfg
         self.num_speech_ids = cfg.speech_token_size + 3
-        self.llm_embedding = nn.Embedding(2, hidden)
+        self.llm_embedding = embedding(2, hidden)
         self.qwen = Qwen2Model(cfg.qwen)
-        self.speech_embedding = nn.Embedding(self.num_speech_ids, hidden)
+        self.speech_embedding = embedding(self.num_speech_ids, hidden)
         self.llm_decoder = nn.Linear(hidden, self.num_speech_ids, bias=True)
 
     def prompt_embeddings(self, text_ids: torch.Tensor, prompt_speech_ids: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cosyserve.modeldir.hparams import Qwen2Config
+from cosyserve.models.embedding import embedding
 from cosyserve.models.kv_cache import KVStep
 from cosyserve.models.linear import stacked_linear
 from cosyserve.models.span_attention import attention_bias, runs_span_attention, span_attention
@@ -184,7 +185,7 @@ class Qwen2Model(nn.Module):
 
     def __init__(self, cfg: Qwen2Config) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)

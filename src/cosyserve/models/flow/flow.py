@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from cosyserve.errors import InvalidRequestError, ModelDirError
 from cosyserve.modeldir.hparams import FlowConfig
+from cosyserve.models.embedding import embedding
 from cosyserve.models.flow.blocks import SelfAttention
 from cosyserve.models.flow.cfm import CFM
 from cosyserve.models.flow.conformer import RelPositionAttention
@@ -60,7 +61,7 @@ class Flow(nn.Module):
         self.cfg = cfg
         self.pre_lookahead_len = cfg.pre_lookahead_len
         self.token_mel_ratio = cfg.token_mel_ratio
-        self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.input_size)
+        self.token_embedding = embedding(cfg.vocab_size, cfg.input_size)
         self.speaker_proj = nn.Linear(cfg.spk_embed_dim, cfg.output_size)
         self.encoder = UpsampleConformerEncoder(cfg.encoder, cfg.pre_lookahead_len)
         self.mu_proj = nn.Linear(self.encoder.output_size, cfg.output_size)
