@@ -78,7 +78,7 @@ class Machine:
         return cls(
             cpu=_detect_cpu(),
             cuda=_detect_cuda(),
-            fbgemm="fbgemm" in torch.backends.quantized.supported_engines,
+            fbgemm=fbgemm_available(),
             mkldnn_bf16=bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
         )
 
@@ -89,6 +89,12 @@ class Machine:
         return f"{self.cpu.name}, {self.cpu.cores} cores ({' '.join(flags) or 'no vector flags'}), " + (
             gpus or "no CUDA device"
         )
+
+
+def fbgemm_available() -> bool:
+    """Whether torch has its fbgemm kernels (x86 builds), which int8 LMs and fp16 flow
+    weights run on."""
+    return "fbgemm" in torch.backends.quantized.supported_engines
 
 
 def usable_cores() -> int:

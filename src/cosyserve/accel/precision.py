@@ -32,6 +32,8 @@ from typing import TypeVar
 
 import torch
 
+from cosyserve.accel.machine import fbgemm_available
+
 # Defined without torch for the settings and the CLI; re-exported as part of this API.
 from cosyserve.accel.precision_choices import Dtype as Dtype
 from cosyserve.accel.precision_choices import FlowQuantization as FlowQuantization
@@ -39,11 +41,6 @@ from cosyserve.accel.precision_choices import Quantization as Quantization
 from cosyserve.errors import CosyserveError
 
 _E = TypeVar("_E", bound=StrEnum)
-
-
-def fbgemm_available() -> bool:
-    """Whether torch has its fbgemm kernels (x86 builds), which fp16 flow weights run on."""
-    return "fbgemm" in torch.backends.quantized.supported_engines
 
 
 class PrecisionError(CosyserveError):
