@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cosyserve.paths import cache_dir
+
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0
 _LISTENING = re.compile(r"HTTP listening on (http://[\d.]+:\d+)")
@@ -57,8 +59,18 @@ def serve_command(*args: str) -> list[str]:
 
 
 def isolated_env(tmp: Path) -> dict[str, str]:
-    """The environment without COSYSERVE_* settings, with a private cache directory."""
+    """The environment without COSYSERVE_* settings, with a private cache directory.
+
+    Only its ``traces`` are the test session's (tests/conftest.py's ``cache_home``): they are
+    keyed by model, plan and torch and written atomically, so the servers of a session trace
+    the tiny model once instead of at every start."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSYSERVE_")}
+    shared = cache_dir() / "traces"
+    shared.mkdir(parents=True, exist_ok=True)
+    own = tmp / "cache" / "cosyserve"
+    own.mkdir(parents=True, exist_ok=True)
+    if not (own / "traces").exists():
+        (own / "traces").symlink_to(shared, target_is_directory=True)
     env["XDG_CACHE_HOME"] = str(tmp / "cache")
     env["PYTHONUNBUFFERED"] = "1"
     return env
