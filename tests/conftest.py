@@ -10,6 +10,7 @@ from cosyserve.modeldir.presets import TINY
 from cosyserve.models.generate import init_model_dir
 from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.weights.randomize import randomize_
+from tests.postgres import PostgresMissingError, PostgresServer, server_binaries, throwaway_postgres
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -52,3 +53,23 @@ def lm() -> CosyVoice2LM:
     model = CosyVoice2LM(TINY.lm)
     randomize_(model, torch.Generator().manual_seed(0))
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A throwaway PostgreSQL server (tests/postgres.py), started once per session when a
+    test first asks for it, stopped at the end. Missing binaries fail the test: run
+    scripts/install."""
+    try:
+        binaries = server_binaries()
+    except PostgresMissingError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    with throwaway_postgres(binaries) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres: PostgresServer) -> str:
+    """A ``postgresql://`` URL (with a password) of a database made for the session; a test
+    that needs an empty one of its own takes ``postgres.new_database()``."""
+    return postgres.new_database()

@@ -14,7 +14,8 @@ from cosyserve.errors import InvalidRequestError
 from cosyserve.pipeline.frontend import UnknownSpeakerError
 from cosyserve.pipeline.voice import VoicePrompt
 from cosyserve.server.service import SpeechParams, SpeechService
-from cosyserve.voices.store import VoiceStore
+from cosyserve.voices import VoiceStore
+from cosyserve.voices.sqlite import SqliteVoiceStore
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def model(tiny_model_dir: Path) -> LoadedModel:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[VoiceStore]:
-    voices = VoiceStore(tmp_path / "voices.sqlite3")
+    voices = SqliteVoiceStore(tmp_path / "voices.sqlite3")
     yield voices
     voices.close()
 

@@ -37,7 +37,7 @@ from cosyserve.server.grpc.protos import (
     cosyvoice_pb2_grpc,
 )
 from cosyserve.server.service import ServiceLimits, SpeechParams, SpeechService
-from cosyserve.voices import VoiceStore
+from cosyserve.voices.sqlite import SqliteVoiceStore
 
 T = TypeVar("T")
 TOKENS = 8  # forced speech tokens per request: random weights never stop on their own
@@ -110,7 +110,7 @@ def env(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     # One request at a time and no queue: the overload test needs only two calls.
     config = EngineConfig(max_active=1, max_waiting=0, max_len=512)
     engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config))
-    store = VoiceStore(tmp_path_factory.mktemp("grpc") / "voices.db")
+    store = SqliteVoiceStore(tmp_path_factory.mktemp("grpc") / "voices.db")
     limits = ServiceLimits(retry_after_s=RETRY_AFTER_S)
     service = SpeechService(model, engine, store, limits, frontend_threads=1)
     loop = asyncio.new_event_loop()
@@ -417,7 +417,7 @@ def test_v1_errors(env: GrpcEnv, fields: dict[str, Any], code: grpc.StatusCode, 
 
 def test_v1_internal_errors_say_nothing_internal(env: GrpcEnv) -> None:
     store = env.service.voices
-    assert isinstance(store, VoiceStore)
+    assert isinstance(store, SqliteVoiceStore)
     env.speech.AddVoice(V1.AddVoiceRequest(name="grpc_broken", audio=prompt_wav(), prompt_text=PROMPT_TEXT))
     with sqlite3.connect(store.path) as conn:
         conn.execute("UPDATE voices SET mel = ? WHERE name = 'grpc_broken'", (b"garbage",))

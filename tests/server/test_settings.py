@@ -25,7 +25,7 @@ def test_defaults(tmp_path: Path) -> None:
     )
     assert settings.max_text_chars == 2000 and settings.max_tts_text_chars == 200
     assert settings.model_dir == tmp_path / "cache" / "cosyserve" / "models" / "CosyVoice2-0.5B"
-    assert settings.voices_db.parent == tmp_path / "cache" / "cosyserve"
+    assert Path(settings.voices_db).parent == tmp_path / "cache" / "cosyserve"
 
 
 def test_model_dir_env_is_the_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -65,6 +65,16 @@ def test_invalid_values(overrides: dict[str, object], message: str) -> None:
     with pytest.raises(SettingsError, match=message) as info:
         Settings.load(**overrides)
     assert "\n" not in str(info.value)
+
+
+def test_voices_db_is_a_path_or_a_url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert Settings.load(voices_db=tmp_path / "v.db").voices_db == str(tmp_path / "v.db")
+    url = "postgresql://app:pw@db:5432/voices"
+    monkeypatch.setenv("COSYSERVE_VOICES_DB", url)
+    settings = Settings.load()
+    assert settings.voices_db == url and settings.to_env()["COSYSERVE_VOICES_DB"] == url
+    with pytest.raises(SettingsError, match="invalid setting voices_db"):
+        Settings.load(voices_db="")
 
 
 def test_bad_config_files(tmp_path: Path) -> None:

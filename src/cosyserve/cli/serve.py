@@ -54,7 +54,10 @@ def serve(
         ),
     ] = None,
     voices_db: Annotated[
-        Path | None, typer.Option(help="SQLite file of registered voices.", rich_help_panel=_MODEL)
+        str | None,
+        typer.Option(
+            help="Registered voices: an SQLite file, a postgresql:// URL or @FILE.", rich_help_panel=_MODEL
+        ),
     ] = None,
     host: Annotated[
         str | None, typer.Option(help="Listen address (default: 127.0.0.1).", rich_help_panel=_SERVER)

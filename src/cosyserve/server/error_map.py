@@ -25,6 +25,7 @@ from cosyserve.pipeline.frontend import UnknownSpeakerError
 from cosyserve.pipeline.voice import VoiceExistsError
 from cosyserve.server.auth.identity import AuthenticationError, ForbiddenError, RateLimitedError
 from cosyserve.server.service import DeadlineExceededError
+from cosyserve.voices.store import VoiceStoreUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ _RULES: tuple[tuple[type[CosyserveError], _Rule], ...] = (
     (EngineDeadError, _Rule(503, grpc.StatusCode.UNAVAILABLE, "server_error", retry=True)),
     (DeviceOutOfMemoryError, _Rule(503, grpc.StatusCode.UNAVAILABLE, "server_error", retry=True)),
     (NotReadyError, _Rule(503, grpc.StatusCode.UNAVAILABLE, "server_error", retry=True)),
+    (VoiceStoreUnavailableError, _Rule(503, grpc.StatusCode.UNAVAILABLE, "server_error", retry=True)),
 )
 _INTERNAL = _Rule(500, grpc.StatusCode.INTERNAL, "server_error")
 

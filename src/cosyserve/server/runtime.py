@@ -35,7 +35,7 @@ from cosyserve.server.guard import InputGuard
 from cosyserve.server.guarded_service import GuardedService
 from cosyserve.server.service import ServiceLimits, SpeechService
 from cosyserve.server.settings import Settings
-from cosyserve.voices.store import VoiceStore
+from cosyserve.voices import VoiceStore, open_voice_store
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,8 @@ class ServerRuntime:
             )
             self._engine = AsyncEngine(engine, threads=threads)
             await asyncio.to_thread(self._engine.start)
-            self._voices = await asyncio.to_thread(VoiceStore, settings.voices_db)
+            self._voices = await asyncio.to_thread(open_voice_store, settings.voices_db)
+            logger.info("voices: %s", self._voices.location)
             limits = ServiceLimits(deadline_s=settings.deadline_s or None)
             service = GuardedService(
                 model,

@@ -63,7 +63,7 @@ class ServiceLimits:
 
 
 class VoiceRegistry(Protocol):
-    """Where registered voices live (the SQLite store in production)."""
+    """Where registered voices live (a :class:`~cosyserve.voices.VoiceStore` in production)."""
 
     def get(self, name: str) -> VoicePrompt | None: ...
 
@@ -253,6 +253,10 @@ class SpeechService:
         """A registered voice, else a built-in speaker (by name or alias, e.g. ``zh_female``);
         :class:`UnknownSpeakerError` if neither."""
         check_voice_name(name)
+        # A built-in name cannot be registered (add_voice), so it needs no store lookup: the
+        # built-ins keep working while a shared voice database is down.
+        if name in self.model.speakers:
+            return self.frontend.speaker(name)
         voice = self.voices.get(name)
         if voice is not None:
             return voice
@@ -279,10 +283,11 @@ class SpeechService:
     async def add_voice(self, name: str, audio: bytes, prompt_text: str) -> VoicePrompt:
         """Compute a recording's features once and store them under ``name``."""
         check_voice_name(name)
-        if self.voices.get(name) is not None or name in self.model.speakers:
+        # The store is off the event loop: a database over the network may take seconds.
+        if await asyncio.to_thread(self.voices.get, name) is not None or name in self.model.speakers:
             raise VoiceExistsError(f"voice {name!r} already exists")
         voice = await self._run(self.frontend.voice_from_audio, audio, prompt_text, name)
-        self.voices.put(voice)
+        await asyncio.to_thread(self.voices.put, voice)
         return voice
 
     def delete_voice(self, name: str) -> None:

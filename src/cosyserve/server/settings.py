@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -39,8 +39,8 @@ class SettingsError(CosyserveError):
     code = "invalid_settings"
 
 
-def _default_voices_db() -> Path:
-    return cache_dir() / "voices.sqlite3"
+def _default_voices_db() -> str:
+    return str(cache_dir() / "voices.sqlite3")
 
 
 class Settings(BaseSettings):
@@ -88,9 +88,11 @@ class Settings(BaseSettings):
         description="Voice of requests that name none (GET /tts): a built-in speaker, an alias "
         "(zh_female, zh_male, en_female, en_male) or a registered voice; empty: the first built-in.",
     )
-    voices_db: Path = Field(
+    voices_db: str = Field(
         default_factory=_default_voices_db,
-        description="SQLite file of registered voices (default ~/.cache/cosyserve/voices.sqlite3).",
+        min_length=1,
+        description="Registered voices: an SQLite file (default ~/.cache/cosyserve/voices.sqlite3), or a "
+        "postgresql:// URL shared by every replica (extra `postgres`), or @FILE holding either.",
     )
     # -- server -----------------------------------------------------------------------------
     host: str = Field("127.0.0.1", min_length=1, description="HTTP (and gRPC) listen address.")
@@ -179,6 +181,12 @@ class Settings(BaseSettings):
     sensitive_words_action: Literal["reject", "mask"] = Field(
         "reject", description='"reject": the request fails (400 blocked_content); "mask": words become "*".'
     )
+
+    @field_validator("voices_db", mode="before")
+    @classmethod
+    def _path_as_text(cls, value: object) -> object:
+        # A Path (a flag, a caller) names the same SQLite file as its text.
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
 
     @classmethod
     def settings_customise_sources(

@@ -1,6 +1,7 @@
 """cosyserve's own gRPC service, ``cosyserve.v1.Speech``: synthesis with every mode, voice
 and output option, and the voice registry."""
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -61,9 +62,9 @@ class SpeechServicer(cosyserve_v1_pb2_grpc.SpeechServicer):
 
     async def ListVoices(self, request: pb.ListVoicesRequest, context: Context) -> pb.ListVoicesResponse:
         try:
-            infos = {info.name: info for info in self._voice_infos()}
-            voices = [_voice(name, kind, infos.get(name)) for name, kind in self._service.voice_names()]
-            return pb.ListVoicesResponse(voices=voices)
+            # The voice store is called off the event loop (here and below): a database over
+            # the network may take seconds, and other calls' streams must not wait for it.
+            return await asyncio.to_thread(self._list_voices)
         except Exception as exc:
             error = exc
         await abort(context, error, self._service.limits.retry_after_s)
@@ -74,14 +75,15 @@ class SpeechServicer(cosyserve_v1_pb2_grpc.SpeechServicer):
                 raise InvalidRequestError("audio is required: a recording of the voice")
             await self._service.add_voice(request.name, request.audio, request.prompt_text)
             store = self._store()
-            return _voice(request.name, "registered", store.info(request.name) if store else None)
+            info = await asyncio.to_thread(store.info, request.name) if store else None
+            return _voice(request.name, "registered", info)
         except Exception as exc:
             error = exc
         await abort(context, error, self._service.limits.retry_after_s)
 
     async def DeleteVoice(self, request: pb.DeleteVoiceRequest, context: Context) -> pb.DeleteVoiceResponse:
         try:
-            self._service.delete_voice(request.name)
+            await asyncio.to_thread(self._service.delete_voice, request.name)
             return pb.DeleteVoiceResponse()
         except Exception as exc:
             error = exc
@@ -111,6 +113,11 @@ class SpeechServicer(cosyserve_v1_pb2_grpc.SpeechServicer):
             stream=request.stream if request.HasField("stream") else True,
             options=options,
         )
+
+    def _list_voices(self) -> pb.ListVoicesResponse:
+        infos = {info.name: info for info in self._voice_infos()}
+        voices = [_voice(name, kind, infos.get(name)) for name, kind in self._service.voice_names()]
+        return pb.ListVoicesResponse(voices=voices)
 
     def _store(self) -> VoiceStore | None:
         voices = self._service.voices

@@ -6,6 +6,7 @@ in every mode of ``/v1/audio/speech`` (zero_shot when the voice has a transcript
 cross_lingual, instruct2 with ``instructions``), in ``/inference_sft`` and the WebSocket.
 """
 
+import asyncio
 from typing import Literal
 
 from fastapi import APIRouter, Request, Response
@@ -72,7 +73,9 @@ def _entries(service: SpeechService) -> list[VoiceEntry]:
 
 @router.get("", summary="List registered and built-in voices")
 async def list_voices(request: Request) -> VoiceList:
-    return VoiceList(voices=_entries(service_of(request)))
+    # The voice store is called off the event loop (here and below): a database over the
+    # network may take seconds, and other requests' streams must not wait for it.
+    return VoiceList(voices=await asyncio.to_thread(_entries, service_of(request)))
 
 
 @router.post("", status_code=201, summary="Register a voice from a reference recording")
@@ -95,7 +98,7 @@ async def add_voice(request: Request) -> VoiceEntry:
         raise InvalidRequestError("audio is required (a file upload of the reference recording)")
     voice: VoicePrompt = await service.add_voice(name, audio, transcript)
     registry = service.voices
-    info = registry.info(name) if isinstance(registry, VoiceStore) else None
+    info = await asyncio.to_thread(registry.info, name) if isinstance(registry, VoiceStore) else None
     return _registered(
         name, bool(voice.prompt_text_ids), info.created_at if info else None, voice.audio_sha256
     )
@@ -107,5 +110,5 @@ async def delete_voice(name: str, request: Request) -> Response:
     check_voice_name(name)
     if name in service.model.speakers:
         raise InvalidRequestError(f"voice {name!r} is built in and cannot be deleted")
-    service.delete_voice(name)
+    await asyncio.to_thread(service.delete_voice, name)
     return Response(status_code=204)

@@ -266,8 +266,9 @@ async def _open(ws: WebSocket, runtime: ServerRuntime) -> _Session | None:
         message = parse_client_message(raw)
         if not isinstance(message, ConfigMessage):
             raise InvalidMessageError("the first message must be a config message")
-        # An unusable voice fails now, not once per sentence.
-        voice = service.resolve_voice(message.voice)
+        # An unusable voice fails now, not once per sentence (off the event loop: the voice
+        # store may be a database over the network).
+        voice = await asyncio.to_thread(service.resolve_voice, message.voice)
         if message.instructions.strip() and not voice.has_audio_prompt:
             raise InvalidRequestError(
                 "instructions need a voice made from prompt audio, not a built-in speaker"

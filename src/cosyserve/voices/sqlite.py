@@ -1,0 +1,165 @@
+"""The voice store on SQLite: one file, the default for one machine.
+
+Table ``voices`` holds :data:`~cosyserve.voices.rows.COLUMNS` (arrays as ``BLOB``,
+``created_at`` as ``REAL``); ``PRAGMA user_version`` is the schema version.
+"""
+
+import logging
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from cosyserve.pipeline.voice import VoiceExistsError, VoicePrompt, check_voice_name
+from cosyserve.voices.rows import (
+    COLUMN_LIST,
+    COLUMNS,
+    INFO_COLUMN_LIST,
+    info_from_row,
+    row_of,
+    voice_from_row,
+)
+from cosyserve.voices.store import VoiceInfo, VoiceStore, VoiceStoreError
+
+logger = logging.getLogger(__name__)
+
+_SCHEMA_VERSION = 1
+# Seconds a write waits for another process's write lock (several workers, one file).
+_BUSY_TIMEOUT_S = 10.0
+_CREATE = """
+CREATE TABLE voices (
+    name TEXT PRIMARY KEY NOT NULL,
+    prompt_text TEXT NOT NULL,
+    prompt_text_ids BLOB NOT NULL,
+    speech_tokens BLOB NOT NULL,
+    mel BLOB NOT NULL,
+    embedding BLOB NOT NULL,
+    audio_sha256 TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    feature_version INTEGER NOT NULL
+)
+"""
+
+
+class SqliteVoiceStore(VoiceStore):
+    """Registered voices in one SQLite file (WAL mode).
+
+    One connection, used under a lock (calls come from the event loop and the frontend
+    thread pool; each is a single short statement). Several processes may share the file.
+    Opening a file that is not a voice database raises :class:`VoiceStoreError`.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._closed = False
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: every statement commits by itself; each call is one statement.
+            self._conn = sqlite3.connect(
+                self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise VoiceStoreError(f"cannot open the voice database {self.path}: {exc}") from exc
+        try:
+            self._prepare()
+        except (sqlite3.Error, VoiceStoreError) as exc:
+            self._conn.close()
+            if isinstance(exc, VoiceStoreError):
+                raise
+            raise VoiceStoreError(f"cannot open the voice database {self.path}: {exc}") from exc
+
+    def _prepare(self) -> None:
+        conn = self._conn
+        conn.execute("PRAGMA journal_mode=WAL")
+        # Under the write lock: processes that open a new file at once create the table once.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._check_or_create()
+            conn.execute("COMMIT")
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+
+    def _check_or_create(self) -> None:
+        conn = self._conn
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if version == 0 and not tables:
+            conn.execute(_CREATE)
+            conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+            return
+        if version != _SCHEMA_VERSION:
+            raise VoiceStoreError(
+                f"{self.path} is not a cosyserve voice database of schema version {_SCHEMA_VERSION}"
+                f" (found user_version {version})"
+            )
+        columns = tuple(row[1] for row in conn.execute("PRAGMA table_info(voices)"))
+        if columns != COLUMNS:
+            raise VoiceStoreError(f"{self.path}: the voices table has unexpected columns {columns}")
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._conn.close()
+
+    def put(self, voice: VoicePrompt, *, replace: bool = False) -> None:
+        check_voice_name(voice.name)
+        row = row_of(voice)
+        verb = "INSERT OR REPLACE" if replace else "INSERT"
+        placeholders = ", ".join("?" * len(COLUMNS))
+        try:
+            with self._locked():
+                self._conn.execute(f"{verb} INTO voices ({COLUMN_LIST}) VALUES ({placeholders})", row)
+        except sqlite3.IntegrityError:
+            raise VoiceExistsError(f"voice {voice.name!r} already exists") from None
+
+    def get(self, name: str) -> VoicePrompt | None:
+        check_voice_name(name)
+        with self._locked():
+            row = self._conn.execute(f"SELECT {COLUMN_LIST} FROM voices WHERE name = ?", (name,)).fetchone()
+        return None if row is None else voice_from_row(row)
+
+    def delete(self, name: str) -> bool:
+        check_voice_name(name)
+        with self._locked():
+            cursor = self._conn.execute("DELETE FROM voices WHERE name = ?", (name,))
+        return cursor.rowcount > 0
+
+    def names(self) -> list[str]:
+        with self._locked():
+            rows = self._conn.execute("SELECT name FROM voices ORDER BY name").fetchall()
+        return [str(row[0]) for row in rows]
+
+    def info(self, name: str) -> VoiceInfo | None:
+        check_voice_name(name)
+        with self._locked():
+            row = self._conn.execute(
+                f"SELECT {INFO_COLUMN_LIST} FROM voices WHERE name = ?", (name,)
+            ).fetchone()
+        return None if row is None else info_from_row(row)
+
+    def list_info(self) -> list[VoiceInfo]:
+        with self._locked():
+            rows = self._conn.execute(f"SELECT {INFO_COLUMN_LIST} FROM voices ORDER BY name").fetchall()
+        return [info_from_row(row) for row in rows]
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Serialise use of the connection; database failures become :class:`VoiceStoreError`
+        (details logged, not shown to clients)."""
+        with self._lock:
+            if self._closed:
+                raise VoiceStoreError("the voice store is closed")
+            try:
+                yield
+            except sqlite3.IntegrityError:
+                raise
+            except sqlite3.Error as exc:
+                logger.error("voice database %s failed: %s", self.path, exc)
+                raise VoiceStoreError("the voice database failed") from exc
