@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from functools import partial
 
 from fastapi import FastAPI
@@ -27,7 +28,7 @@ from cosyserve.server.guard import InputGuard
 from cosyserve.server.http.body_limit import BodySizeLimit
 from cosyserve.server.http.errors import install_error_handlers
 from cosyserve.server.http.request_context import RequestContextMiddleware
-from cosyserve.server.http.routes import health, openai, tts, upstream, voices, ws
+from cosyserve.server.http.routes import health, openai, playground, tts, upstream, voices, ws
 from cosyserve.server.observability.metrics import ServerMetrics
 from cosyserve.server.observability.metrics import router as metrics_router
 from cosyserve.server.observability.watchdog import MemoryWatchdog, WatchdogConfig
@@ -43,6 +44,8 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     """The HTTP app of one server process. ``on_fatal`` is called if the start fails
     (model cannot load, ...); without it the process stays up and ``/ready`` says failed."""
     access = AccessControl.from_settings(settings)
+    # The playground's files hold no secrets: they load without a credential; its API calls carry one.
+    access = replace(access, open_paths=access.open_paths | playground.PAGE_PATHS)
     guard = InputGuard.from_settings(settings)
     _apply_cuda_alloc_conf()
     metrics = ServerMetrics(lambda: runtime.service)
@@ -96,6 +99,7 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     app.include_router(upstream.router)
     app.include_router(voices.router)
     app.include_router(ws.router)
+    app.include_router(playground.router)
     app.include_router(metrics_router)
     # Outermost: every response (errors from inner middleware included) gets the request id.
     app.add_middleware(RequestContextMiddleware, metrics=metrics, log_text_chars=settings.log_text_chars)
