@@ -34,8 +34,9 @@ def test_startup_times_a_cold_and_a_warm_start(
         phases = run["phases_s"]
         assert list(phases) == [name for name, _ in startup.PHASES]  # each one logged
         assert 0 < phases["load"] < run["wall_to_ready_s"]
-    # No trace is made again: decode and flow steps come from the cold start's files.
-    assert warm["phases_s"]["flow traces"] < cold["phases_s"]["flow traces"]
+    # Whether the warm start's traces came from the cold start's files is tested without
+    # timing (tests/models/test_trace_cache.py); on the tiny model both take milliseconds,
+    # and which is shorter depends on the machine's load.
 
 
 def test_phases_are_stated_or_the_time_between_lines(startup: ModuleType) -> None:
