@@ -194,12 +194,7 @@ class PostgresVoiceStore(VoiceStore):
             raise VoiceExistsError(f"voice {voice.name!r} already exists")
 
     def get(self, name: str) -> VoicePrompt | None:
-        check_voice_name(name)
-        row = self._run(
-            lambda conn: conn.execute(
-                f"SELECT {COLUMN_LIST} FROM {TABLE} WHERE name = %s", (name,)
-            ).fetchone()
-        )
+        row = self._row(COLUMN_LIST, name)
         return None if row is None else voice_from_row(row)
 
     def delete(self, name: str) -> bool:
@@ -214,13 +209,15 @@ class PostgresVoiceStore(VoiceStore):
         return [str(row[0]) for row in rows]
 
     def info(self, name: str) -> VoiceInfo | None:
-        check_voice_name(name)
-        row = self._run(
-            lambda conn: conn.execute(
-                f"SELECT {INFO_COLUMN_LIST} FROM {TABLE} WHERE name = %s", (name,)
-            ).fetchone()
-        )
+        row = self._row(INFO_COLUMN_LIST, name)
         return None if row is None else info_from_row(row)
+
+    def _row(self, columns: str, name: str) -> tuple[Any, ...] | None:
+        """``columns`` of the voice ``name``, or None."""
+        check_voice_name(name)
+        query = f"SELECT {columns} FROM {TABLE} WHERE name = %s"
+        row: tuple[Any, ...] | None = self._run(lambda conn: conn.execute(query, (name,)).fetchone())
+        return row
 
     def list_info(self) -> list[VoiceInfo]:
         rows = self._run(
