@@ -30,6 +30,7 @@ import socket
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -146,8 +147,9 @@ def answering_replicas(url: str, tokens: int) -> int:
     was spread)."""
     body = {"model": "tts-1", "input": "Hi.", "voice": VOICE, "response_format": "pcm"}
     body |= {"min_tokens": tokens, "max_tokens": tokens}
-    with httpx.Client(timeout=600) as client:
-        seen = {client.post(f"{url}/v1/audio/speech", json=body).headers[REPLICA_HEADER] for _ in range(6)}
+    with httpx.Client(timeout=600) as client, ThreadPoolExecutor(6) as pool:
+        replies = pool.map(lambda _: client.post(f"{url}/v1/audio/speech", json=body), range(6))
+        seen = {reply.headers[REPLICA_HEADER] for reply in replies}
     return len(seen)
 
 
