@@ -9,7 +9,7 @@ Needs the ``postgres`` extra (``pip install 'cosyserve[postgres]'``: psycopg 3).
 """
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -18,15 +18,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cosyserve.pipeline.voice import VoiceExistsError, VoicePrompt, check_voice_name
 from cosyserve.voices.pool import Connection, ConnectionPool, PoolClosedError, PoolTimeoutError
-from cosyserve.voices.rows import (
-    COLUMN_LIST,
-    COLUMNS,
-    INFO_COLUMN_LIST,
-    info_from_row,
-    row_of,
-    voice_from_row,
-)
-from cosyserve.voices.store import VoiceInfo, VoiceStore, VoiceStoreError, VoiceStoreUnavailableError
+from cosyserve.voices.rows import COLUMN_LIST, COLUMNS, row_of
+from cosyserve.voices.store import VoiceStoreError, VoiceStoreUnavailableError
+from cosyserve.voices.table import Row, TableVoiceStore
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +106,7 @@ def conninfo_of(url: str) -> str:
     return make_conninfo(url, **{k: v for k, v in _DEFAULTS.items() if k not in given}, options=options)
 
 
-class PostgresVoiceStore(VoiceStore):
+class PostgresVoiceStore(TableVoiceStore):
     """Registered voices in a PostgreSQL database, given by a ``postgresql://`` URL
     (libpq's: ``postgresql://USER:PASSWORD@HOST:PORT/DATABASE?sslmode=require``).
 
@@ -125,6 +119,10 @@ class PostgresVoiceStore(VoiceStore):
     before writing, since a lost reply could hide a committed write. Messages and log
     lines show the URL with its password masked.
     """
+
+    _table = TABLE
+    _param = "%s"
+    _by_name = _BY_NAME
 
     def __init__(self, url: str) -> None:
         self._location = redact_url(url)
@@ -188,42 +186,17 @@ class PostgresVoiceStore(VoiceStore):
         check_voice_name(voice.name)
         row = row_of(voice)
         conflict = f"DO UPDATE SET {_REPLACE}" if replace else "DO NOTHING"
-        query = f"{_INSERT} ON CONFLICT (name) {conflict}"
-        stored = self._run(lambda conn: conn.execute(query, row).rowcount, write=True)
-        if stored == 0:
+        if self._write(f"{_INSERT} ON CONFLICT (name) {conflict}", row) == 0:
             raise VoiceExistsError(f"voice {voice.name!r} already exists")
 
-    def get(self, name: str) -> VoicePrompt | None:
-        row = self._row(COLUMN_LIST, name)
-        return None if row is None else voice_from_row(row)
+    def _fetch_one(self, query: str, params: Sequence[object]) -> Row | None:
+        return self._run(lambda conn: conn.execute(query, params).fetchone())
 
-    def delete(self, name: str) -> bool:
-        check_voice_name(name)
-        deleted = self._run(
-            lambda conn: conn.execute(f"DELETE FROM {TABLE} WHERE name = %s", (name,)).rowcount, write=True
-        )
-        return deleted > 0
+    def _fetch_all(self, query: str) -> list[Row]:
+        return list(self._run(lambda conn: conn.execute(query).fetchall()))
 
-    def names(self) -> list[str]:
-        rows = self._run(lambda conn: conn.execute(f"SELECT name FROM {TABLE} {_BY_NAME}").fetchall())
-        return [str(row[0]) for row in rows]
-
-    def info(self, name: str) -> VoiceInfo | None:
-        row = self._row(INFO_COLUMN_LIST, name)
-        return None if row is None else info_from_row(row)
-
-    def _row(self, columns: str, name: str) -> tuple[Any, ...] | None:
-        """``columns`` of the voice ``name``, or None."""
-        check_voice_name(name)
-        query = f"SELECT {columns} FROM {TABLE} WHERE name = %s"
-        row: tuple[Any, ...] | None = self._run(lambda conn: conn.execute(query, (name,)).fetchone())
-        return row
-
-    def list_info(self) -> list[VoiceInfo]:
-        rows = self._run(
-            lambda conn: conn.execute(f"SELECT {INFO_COLUMN_LIST} FROM {TABLE} {_BY_NAME}").fetchall()
-        )
-        return [info_from_row(row) for row in rows]
+    def _write(self, query: str, params: Sequence[object]) -> int:
+        return self._run(lambda conn: conn.execute(query, params).rowcount, write=True)
 
     def _run(self, call: Callable[[Connection], _T], *, write: bool = False) -> _T:
         """``call`` on a pooled connection. Database failures become :class:`VoiceStoreError`

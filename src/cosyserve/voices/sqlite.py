@@ -7,20 +7,14 @@ Table ``voices`` holds :data:`~cosyserve.voices.rows.COLUMNS` (arrays as ``BLOB`
 import logging
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from cosyserve.pipeline.voice import VoiceExistsError, VoicePrompt, check_voice_name
-from cosyserve.voices.rows import (
-    COLUMN_LIST,
-    COLUMNS,
-    INFO_COLUMN_LIST,
-    info_from_row,
-    row_of,
-    voice_from_row,
-)
-from cosyserve.voices.store import VoiceInfo, VoiceStore, VoiceStoreError
+from cosyserve.voices.rows import COLUMN_LIST, COLUMNS, row_of
+from cosyserve.voices.store import VoiceStoreError
+from cosyserve.voices.table import Row, TableVoiceStore
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +36,17 @@ CREATE TABLE voices (
 """
 
 
-class SqliteVoiceStore(VoiceStore):
+class SqliteVoiceStore(TableVoiceStore):
     """Registered voices in one SQLite file (WAL mode).
 
     One connection, used under a lock (calls come from the event loop and the frontend
     thread pool; each is a single short statement). Several processes may share the file.
     Opening a file that is not a voice database raises :class:`VoiceStoreError`.
     """
+
+    _table = "voices"
+    _param = "?"
+    _by_name = "ORDER BY name"
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
@@ -110,44 +108,25 @@ class SqliteVoiceStore(VoiceStore):
 
     def put(self, voice: VoicePrompt, *, replace: bool = False) -> None:
         check_voice_name(voice.name)
-        row = row_of(voice)
         verb = "INSERT OR REPLACE" if replace else "INSERT"
         placeholders = ", ".join("?" * len(COLUMNS))
         try:
-            with self._locked():
-                self._conn.execute(f"{verb} INTO voices ({COLUMN_LIST}) VALUES ({placeholders})", row)
+            self._write(f"{verb} INTO voices ({COLUMN_LIST}) VALUES ({placeholders})", row_of(voice))
         except sqlite3.IntegrityError:
             raise VoiceExistsError(f"voice {voice.name!r} already exists") from None
 
-    def get(self, name: str) -> VoicePrompt | None:
-        check_voice_name(name)
+    def _fetch_one(self, query: str, params: Sequence[object]) -> Row | None:
         with self._locked():
-            row = self._conn.execute(f"SELECT {COLUMN_LIST} FROM voices WHERE name = ?", (name,)).fetchone()
-        return None if row is None else voice_from_row(row)
+            row: Row | None = self._conn.execute(query, params).fetchone()
+        return row
 
-    def delete(self, name: str) -> bool:
-        check_voice_name(name)
+    def _fetch_all(self, query: str) -> list[Row]:
         with self._locked():
-            cursor = self._conn.execute("DELETE FROM voices WHERE name = ?", (name,))
-        return cursor.rowcount > 0
+            return self._conn.execute(query).fetchall()
 
-    def names(self) -> list[str]:
+    def _write(self, query: str, params: Sequence[object]) -> int:
         with self._locked():
-            rows = self._conn.execute("SELECT name FROM voices ORDER BY name").fetchall()
-        return [str(row[0]) for row in rows]
-
-    def info(self, name: str) -> VoiceInfo | None:
-        check_voice_name(name)
-        with self._locked():
-            row = self._conn.execute(
-                f"SELECT {INFO_COLUMN_LIST} FROM voices WHERE name = ?", (name,)
-            ).fetchone()
-        return None if row is None else info_from_row(row)
-
-    def list_info(self) -> list[VoiceInfo]:
-        with self._locked():
-            rows = self._conn.execute(f"SELECT {INFO_COLUMN_LIST} FROM voices ORDER BY name").fetchall()
-        return [info_from_row(row) for row in rows]
+            return self._conn.execute(query, params).rowcount
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
