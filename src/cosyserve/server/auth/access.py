@@ -34,7 +34,9 @@ class AccessControl:
     failures: FailureThrottle = field(default_factory=lambda: FailureThrottle(0))
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "AccessControl":
+    def from_settings(cls, settings: Settings, pages: frozenset[str] = frozenset()) -> "AccessControl":
+        """``pages``: the app's paths that hold no secrets (the playground's files), open
+        like the probes."""
         authenticator = Authenticator.from_settings(settings)
         if not authenticator.enabled and not _is_loopback(settings.host):
             logger.warning(
@@ -42,7 +44,7 @@ class AccessControl:
                 "anyone who can reach it can use it",
                 settings.host,
             )
-        open_paths = ALWAYS_OPEN if settings.auth_metrics else ALWAYS_OPEN | {METRICS_PATH}
+        open_paths = ALWAYS_OPEN | pages | (frozenset() if settings.auth_metrics else {METRICS_PATH})
         admins = frozenset(v.strip() for v in settings.auth_voice_admins.split(",") if v.strip())
         return cls(
             authenticator,

@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from functools import partial
 
 from fastapi import FastAPI
@@ -43,9 +42,8 @@ CUDA_ALLOC_CONF = "expandable_segments:True"
 def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -> FastAPI:
     """The HTTP app of one server process. ``on_fatal`` is called if the start fails
     (model cannot load, ...); without it the process stays up and ``/ready`` says failed."""
-    access = AccessControl.from_settings(settings)
-    # The playground's files hold no secrets: they load without a credential; its API calls carry one.
-    access = replace(access, open_paths=access.open_paths | playground.PAGE_PATHS)
+    # The playground's files load without a credential; its API calls carry one.
+    access = AccessControl.from_settings(settings, pages=playground.PAGE_PATHS)
     guard = InputGuard.from_settings(settings)
     _apply_cuda_alloc_conf()
     metrics = ServerMetrics(lambda: runtime.service)
