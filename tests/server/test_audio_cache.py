@@ -14,6 +14,7 @@ from cosyserve.engine.async_engine import AudioChunk
 from cosyserve.server.audio_cache import AudioCache
 from cosyserve.server.http.app import create_app
 from cosyserve.server.settings import Settings
+from cosyserve.voices import VoiceStoreUnavailableError
 
 MIB = 1 << 20
 
@@ -194,3 +195,13 @@ def test_through_the_service_a_hit_is_byte_identical(
         assert (cache.stats.hits, cache.stats.misses, cache.stats.stores) == (3, 1, 1)
         assert speak(seed=6, response_format="mp3") != miss
         assert cache.stats.stores == 2
+
+        # A built-in voice is keyed without the voice store: it still hits while a shared
+        # voice database is down.
+        def unavailable(name: str) -> None:
+            raise VoiceStoreUnavailableError("the voice database is unavailable")
+
+        service = client.app.state.runtime.service  # type: ignore[attr-defined]
+        monkeypatch.setattr(service.voices, "get", unavailable)
+        assert speak(seed=5, response_format="mp3") == miss
+        assert cache.stats.hits == 4

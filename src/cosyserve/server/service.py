@@ -225,14 +225,13 @@ class SpeechService:
         voice: dict[str, str]
         if params.prompt_audio is not None:
             voice = {"audio": hashlib.sha256(params.prompt_audio).hexdigest(), "text": params.prompt_text}
+        elif params.voice in self.model.speakers:  # first, as resolve_voice: no store lookup
+            voice = {"builtin": params.voice}
         elif params.voice and VOICE_NAME.fullmatch(params.voice):
             registered = self.voices.get(params.voice)
-            if registered is not None:
-                voice = {"registered": hashlib.sha256(registered.to_bytes()).hexdigest()}
-            elif params.voice in self.model.speakers:
-                voice = {"builtin": params.voice}
-            else:
+            if registered is None:
                 return None
+            voice = {"registered": hashlib.sha256(registered.to_bytes()).hexdigest()}
         else:
             return None
         source = None if params.source_audio is None else hashlib.sha256(params.source_audio).hexdigest()
