@@ -37,8 +37,10 @@ from typing import Any
 
 import httpx
 import ray
+from common import model_dir_parser  # benchmarks/, the script's own directory
 from ray import serve
 
+from cosyserve.accel.machine import Machine
 from cosyserve.bench.server_load import LevelReport, LoadOptions, run_server_load
 from cosyserve.deploy.ray import DEPLOYMENT_NAME, build_app
 from cosyserve.deploy.replica_header import REPLICA_HEADER
@@ -50,22 +52,18 @@ LAYOUTS = (("1 replica x 1 CPU", 1, 1), ("2 replicas x 1 CPU", 2, 1), ("1 replic
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model-dir", type=Path, required=True)
+    parser = model_dir_parser(__doc__)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument(
         "--tokens", type=int, default=50, help="forced speech tokens per request (25 a second)"
     )
-    parser.add_argument("--json", type=Path)
     parser.add_argument("args", nargs="*", help="more build_app arguments, KEY=VALUE (e.g. profile=exact)")
     options = parser.parse_args()
     extra = dict(arg.split("=", 1) for arg in options.args)
     cpus = os.cpu_count() or 1
     print(f"command: python {' '.join(sys.argv)}", flush=True)
-    print(f"machine: {cpu_model()}, {cpus} CPUs; /proc/loadavg {loadavg()}", flush=True)
+    print(f"machine: {Machine.detect().describe()}; /proc/loadavg {loadavg()}", flush=True)
     # Ray's files, sockets and logs in a directory of this run's own, removed at the end.
     temp = tempfile.mkdtemp(prefix="ray-")
     os.environ["RAY_TMPDIR"] = temp
@@ -166,13 +164,6 @@ def free_port() -> int:
 
 def loadavg() -> str:
     return Path("/proc/loadavg").read_text().strip()
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return sys.platform
 
 
 if __name__ == "__main__":
