@@ -5,12 +5,15 @@ Read from ``cosyvoice2.yaml`` (as data, see :mod:`cosyserve.modeldir.yamlread`) 
 """
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cosyserve.errors import ModelDirError
 from cosyserve.modeldir.yamlread import Tagged, read_hyperpyyaml
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -173,13 +176,13 @@ class ModelHParams:
     mel: MelConfig = field(default_factory=MelConfig)
 
 
-def _args(node: Any, name: str) -> dict[str, Any]:
+def section_args(node: Any, name: str) -> dict[str, Any]:
     if not isinstance(node, Tagged) or not isinstance(node.args, dict):
-        raise ModelDirError(f"cosyvoice2.yaml: '{name}' is not a class definition with arguments")
+        raise ModelDirError(f"'{name}' is not a class definition with arguments")
     return node.args
 
 
-def _pick(args: dict[str, Any], cls: type) -> dict[str, Any]:
+def pick_fields(args: dict[str, Any], cls: type) -> dict[str, Any]:
     """Keep the plain (untagged, non-mapping) yaml arguments that are fields of ``cls``.
 
     Nested sections are built separately, so tagged and mapping values are skipped.
@@ -205,65 +208,85 @@ def qwen2_config_from_json(path: Path) -> Qwen2Config:
         raise ModelDirError(f"{path}: cannot read the Qwen2 config ({exc.__class__.__name__})") from None
     if not isinstance(data, dict):
         raise ModelDirError(f"{path}: not a JSON object")
-    return Qwen2Config(**_pick(data, Qwen2Config))
+    return Qwen2Config(**pick_fields(data, Qwen2Config))
 
 
 def hparams_from_yaml(text: str, qwen: Qwen2Config) -> ModelHParams:
     """Build :class:`ModelHParams` from the text of ``cosyvoice2.yaml``."""
+    return parse_model_yaml(text, "cosyvoice2.yaml", lambda top: _hparams(top, qwen))
+
+
+def parse_model_yaml(text: str, file: str, build: Callable[[dict[str, Any]], T]) -> T:
+    """Read a model yaml as data and ``build`` its hyperparameters from the top-level
+    sections; every problem is a :class:`ModelDirError` naming ``file``."""
     try:
         top = read_hyperpyyaml(text)
     except Exception as exc:  # yaml.YAMLError, ValueError: both mean a malformed file
-        raise ModelDirError(f"cosyvoice2.yaml is not valid HyperPyYAML: {exc}") from None
+        raise ModelDirError(f"{file} is not valid HyperPyYAML: {exc}") from None
     for key in ("llm", "flow", "hift"):
         if key not in top:
-            raise ModelDirError(f"cosyvoice2.yaml has no '{key}' section")
+            raise ModelDirError(f"{file} has no '{key}' section")
     try:
-        return _hparams(top, qwen)
+        return build(top)
+    except ModelDirError as exc:
+        raise ModelDirError(f"{file}: {exc}") from None
     except (TypeError, ValueError) as exc:
-        raise ModelDirError(f"cosyvoice2.yaml has an invalid value: {exc}") from None
+        raise ModelDirError(f"{file} has an invalid value: {exc}") from None
 
 
 def _hparams(top: dict[str, Any], qwen: Qwen2Config) -> ModelHParams:
-    llm = _args(top["llm"], "llm")
-    sampling = llm.get("sampling")
-    lm = LMConfig(
-        qwen=qwen,
-        sampling=SamplingConfig(**_pick(sampling.args, SamplingConfig))
-        if isinstance(sampling, Tagged) and isinstance(sampling.args, dict)
-        else SamplingConfig(),
-        **_pick(llm, LMConfig),
-    )
-    flow_args = _args(top["flow"], "flow")
-    decoder = _args(flow_args.get("decoder"), "flow.decoder")
-    cfm_params = decoder.get("cfm_params")
-    cfm_values = dict(decoder)
-    if isinstance(cfm_params, Tagged) and isinstance(cfm_params.args, dict):
-        cfm_values.update(cfm_params.args.get("content", cfm_params.args))
+    llm = section_args(top["llm"], "llm")
+    flow_args = section_args(top["flow"], "flow")
+    decoder = section_args(flow_args.get("decoder"), "flow.decoder")
     flow = FlowConfig(
-        encoder=EncoderConfig(**_pick(_args(flow_args.get("encoder"), "flow.encoder"), EncoderConfig)),
-        cfm=CFMConfig(**_pick(cfm_values, CFMConfig)),
-        estimator=EstimatorConfig(
-            **_pick(_args(decoder.get("estimator"), "flow.decoder.estimator"), EstimatorConfig)
+        encoder=EncoderConfig(
+            **pick_fields(section_args(flow_args.get("encoder"), "flow.encoder"), EncoderConfig)
         ),
-        **_pick(flow_args, FlowConfig),
-    )
-    hift_args = _args(top["hift"], "hift")
-    hift_values = dict(hift_args)
-    istft = hift_args.get("istft_params", {})
-    hift_values.update({"istft_n_fft": istft.get("n_fft", 16), "istft_hop_len": istft.get("hop_len", 4)})
-    f0 = hift_args.get("f0_predictor")
-    if isinstance(f0, Tagged) and isinstance(f0.args, dict):
-        hift_values.update({f"f0_{k}": v for k, v in f0.args.items()})
-    mel_args = top.get("feat_extractor")
-    mel = (
-        MelConfig(**_pick(mel_args.args, MelConfig))
-        if isinstance(mel_args, Tagged) and isinstance(mel_args.args, dict)
-        else MelConfig()
+        cfm=cfm_config(decoder),
+        estimator=EstimatorConfig(
+            **pick_fields(section_args(decoder.get("estimator"), "flow.decoder.estimator"), EstimatorConfig)
+        ),
+        **pick_fields(flow_args, FlowConfig),
     )
     return ModelHParams(
-        lm=lm,
+        lm=LMConfig(qwen=qwen, sampling=sampling_config(llm), **pick_fields(llm, LMConfig)),
         flow=flow,
-        hift=HiFTConfig(**_pick(hift_values, HiFTConfig)),
-        mel=mel,
-        **_pick(top, ModelHParams),
+        hift=HiFTConfig(**pick_fields(hift_values(section_args(top["hift"], "hift")), HiFTConfig)),
+        mel=mel_config(top),
+        **pick_fields(top, ModelHParams),
     )
+
+
+def sampling_config(llm: dict[str, Any]) -> SamplingConfig:
+    """The ``sampling`` (``ras_sampling``) arguments of an ``llm`` section."""
+    sampling = llm.get("sampling")
+    if isinstance(sampling, Tagged) and isinstance(sampling.args, dict):
+        return SamplingConfig(**pick_fields(sampling.args, SamplingConfig))
+    return SamplingConfig()
+
+
+def cfm_config(decoder: dict[str, Any]) -> CFMConfig:
+    """A ``flow.decoder`` section with its ``cfm_params`` (an omegaconf ``DictConfig``) merged in."""
+    values = dict(decoder)
+    cfm_params = decoder.get("cfm_params")
+    if isinstance(cfm_params, Tagged) and isinstance(cfm_params.args, dict):
+        values.update(cfm_params.args.get("content", cfm_params.args))
+    return CFMConfig(**pick_fields(values, CFMConfig))
+
+
+def hift_values(hift_args: dict[str, Any]) -> dict[str, Any]:
+    """A ``hift`` section flattened to :class:`HiFTConfig` names (``istft_*``, ``f0_*``)."""
+    values = dict(hift_args)
+    istft = hift_args.get("istft_params", {})
+    values.update({"istft_n_fft": istft.get("n_fft", 16), "istft_hop_len": istft.get("hop_len", 4)})
+    f0 = hift_args.get("f0_predictor")
+    if isinstance(f0, Tagged) and isinstance(f0.args, dict):
+        values.update({f"f0_{k}": v for k, v in f0.args.items()})
+    return values
+
+
+def mel_config(top: dict[str, Any]) -> MelConfig:
+    mel_args = top.get("feat_extractor")
+    if isinstance(mel_args, Tagged) and isinstance(mel_args.args, dict):
+        return MelConfig(**pick_fields(mel_args.args, MelConfig))
+    return MelConfig()

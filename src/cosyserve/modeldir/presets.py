@@ -1,9 +1,11 @@
 """Geometry presets for generated model directories.
 
-``FULL`` is the released CosyVoice2-0.5B geometry (the dataclass defaults). ``TINY`` is
+``FULL`` is the released CosyVoice2-0.5B geometry (the dataclass defaults), ``FULL3`` the
+released Fun-CosyVoice3-0.5B-2512 one. ``TINY`` is
 for tests: every dimension small except those upstream hard-codes (the flow encoder's
 512 width, the 4 up-encoders, 80 mel bins) and the Qwen2 vocabulary, whose special
-tokens must keep their official ids.
+tokens must keep their official ids. ``TINY3`` is the same for CosyVoice 3 (the DiT
+width stays a multiple of 16, the groups of its positional convolution).
 """
 
 from cosyserve.modeldir.hparams import (
@@ -15,6 +17,7 @@ from cosyserve.modeldir.hparams import (
     ModelHParams,
     Qwen2Config,
 )
+from cosyserve.modeldir.hparams3 import DiTConfig, Flow3Config, HiFT3Config, LM3Config, Model3HParams
 
 FULL = ModelHParams()
 
@@ -39,3 +42,16 @@ TINY = ModelHParams(
 )
 
 PRESETS = {"tiny": TINY, "full": FULL}
+
+FULL3 = Model3HParams()
+
+TINY3 = Model3HParams(
+    lm=LM3Config(qwen=_TINY_QWEN, llm_input_size=64, llm_output_size=64),
+    flow=Flow3Config(
+        pre_lookahead_channels=32,
+        dit=DiTConfig(dim=64, depth=2, heads=2, dim_head=32),
+    ),
+    hift=HiFT3Config(base_channels=32, f0_cond_channels=32),
+)
+
+PRESETS3 = {"tiny": TINY3, "full": FULL3}

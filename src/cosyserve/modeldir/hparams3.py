@@ -1,0 +1,147 @@
+"""Hyperparameters of a Fun-CosyVoice3 model directory as frozen dataclasses.
+
+Read from ``cosyvoice3.yaml`` (as data) and ``CosyVoice-BlankEN/config.json``. Defaults
+are the released Fun-CosyVoice3-0.5B-2512 values. The Qwen2 backbone, the sampling, the
+flow-matching solver, the mel extractor and most of the vocoder are CosyVoice 2's and
+reuse its dataclasses; what CosyVoice 3 changes has its own.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cosyserve.modeldir.hparams import (
+    CFMConfig,
+    HiFTConfig,
+    MelConfig,
+    Qwen2Config,
+    SamplingConfig,
+    cfm_config,
+    hift_values,
+    mel_config,
+    parse_model_yaml,
+    pick_fields,
+    sampling_config,
+    section_args,
+)
+
+YAML3_FILE = "cosyvoice3.yaml"
+# Upstream's CosyVoice3LM reserves 200 ids after the speech codes: sos, eos, task_id and
+# fill first, the rest unused; sampling any of them ends generation.
+EXTRA_SPEECH_IDS = 200
+
+
+@dataclass(frozen=True)
+class LM3Config:
+    """``CosyVoice3LM``: the Qwen2 body with one speech vocabulary holding the special ids."""
+
+    qwen: Qwen2Config = field(default_factory=Qwen2Config)
+    speech_token_size: int = 6561
+    llm_input_size: int = 896
+    llm_output_size: int = 896
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    # Hard-coded in upstream's Qwen2LM.inference, which CosyVoice3LM inherits.
+    min_token_text_ratio: float = 2.0
+    max_token_text_ratio: float = 20.0
+
+    @property
+    def num_speech_ids(self) -> int:
+        """Rows of ``speech_embedding`` and of the bias-free head (6761)."""
+        return self.speech_token_size + EXTRA_SPEECH_IDS
+
+    @property
+    def sos(self) -> int:
+        return self.speech_token_size
+
+    @property
+    def eos(self) -> int:
+        return self.speech_token_size + 1
+
+    @property
+    def task_id(self) -> int:
+        return self.speech_token_size + 2
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """Every id from 6561 on ends generation."""
+        return tuple(range(self.speech_token_size, self.num_speech_ids))
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    """The DiT estimator (``cosyvoice.flow.DiT.dit.DiT``). Chunk-causal in streaming with
+    ``static_chunk_size`` mel frames (25 tokens x 2)."""
+
+    dim: int = 1024
+    depth: int = 22
+    heads: int = 16
+    dim_head: int = 64
+    ff_mult: int = 2
+    mel_dim: int = 80
+    mu_dim: int = 80
+    spk_dim: int = 80
+    out_channels: int = 80
+    static_chunk_size: int = 50
+    num_decoding_left_chunks: int = -1
+    long_skip_connection: bool = False
+
+
+@dataclass(frozen=True)
+class Flow3Config:
+    """``CausalMaskedDiffWithDiT``: token embedding, pre-look-ahead convolutions, DiT CFM."""
+
+    input_size: int = 80
+    output_size: int = 80
+    spk_embed_dim: int = 192
+    vocab_size: int = 6561
+    input_frame_rate: int = 25
+    token_mel_ratio: int = 2
+    pre_lookahead_len: int = 3
+    pre_lookahead_channels: int = 1024
+    cfm: CFMConfig = field(default_factory=CFMConfig)
+    dit: DiTConfig = field(default_factory=DiTConfig)
+
+
+@dataclass(frozen=True)
+class HiFT3Config(HiFTConfig):
+    """``CausalHiFTGenerator`` with ``CausalConvRNNF0Predictor``: CosyVoice 2's vocoder
+    geometry, made causal, with ``conv_pre_look_right`` mel frames of look-ahead."""
+
+    conv_pre_look_right: int = 4
+
+
+@dataclass(frozen=True)
+class Model3HParams:
+    sample_rate: int = 24000
+    token_frame_rate: int = 25
+    token_mel_ratio: int = 2
+    chunk_size: int = 25
+    lm: LM3Config = field(default_factory=LM3Config)
+    flow: Flow3Config = field(default_factory=Flow3Config)
+    hift: HiFT3Config = field(default_factory=HiFT3Config)
+    mel: MelConfig = field(default_factory=lambda: MelConfig(fmax=None))
+
+
+def hparams3_from_yaml(text: str, qwen: Qwen2Config) -> Model3HParams:
+    """Build :class:`Model3HParams` from the text of ``cosyvoice3.yaml``."""
+    return parse_model_yaml(text, YAML3_FILE, lambda top: _hparams3(top, qwen))
+
+
+def _hparams3(top: dict[str, Any], qwen: Qwen2Config) -> Model3HParams:
+    llm = section_args(top["llm"], "llm")
+    flow_args = section_args(top["flow"], "flow")
+    decoder = section_args(flow_args.get("decoder"), "flow.decoder")
+    estimator = section_args(decoder.get("estimator"), "flow.decoder.estimator")
+    lookahead = section_args(flow_args.get("pre_lookahead_layer"), "flow.pre_lookahead_layer")
+    flow = Flow3Config(
+        pre_lookahead_channels=lookahead.get("channels", Flow3Config.pre_lookahead_channels),
+        cfm=cfm_config(decoder),
+        dit=DiTConfig(**pick_fields(estimator, DiTConfig)),
+        **pick_fields(flow_args, Flow3Config),
+    )
+    return Model3HParams(
+        lm=LM3Config(qwen=qwen, sampling=sampling_config(llm), **pick_fields(llm, LM3Config)),
+        flow=flow,
+        hift=HiFT3Config(**pick_fields(hift_values(section_args(top["hift"], "hift")), HiFT3Config)),
+        mel=mel_config(top),
+        **pick_fields(top, Model3HParams),
+    )
