@@ -38,6 +38,8 @@ from cosyserve.frontend.features_fbank import kaldi_fbank, speaker_fbank
 from cosyserve.frontend.features_mel import PromptMel, WhisperLogMel, slaney_mel_filterbank
 from cosyserve.frontend.speaker_encoder import SpeakerEncoder
 from cosyserve.frontend.speech_tokenizer import SpeechTokenizer
+from cosyserve.modeldir.presets import TINY3
+from cosyserve.modeldir.yamlwrite3 import render_yaml3
 from tests.upstream import load_yaml_sections, upstream
 
 pytestmark = pytest.mark.parity
@@ -160,6 +162,19 @@ def test_prompt_mel_matches_matcha(matcha_feat_extractor: Any, seconds: float, s
     expected = matcha_feat_extractor(torch.from_numpy(wav).unsqueeze(0)).transpose(1, 2)
     # The same torch ops in the same order: bit-identical (measured max abs diff 0).
     torch.testing.assert_close(PromptMel()(wav), expected, atol=0.0, rtol=0.0)
+
+
+def test_cosyvoice3_prompt_mel_matches_its_feat_extractor() -> None:
+    """CosyVoice 3's yaml asks for the mel up to the Nyquist frequency (fmax null)."""
+    matcha = upstream("matcha")
+    upstream("matcha.utils.audio")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(matcha, "utils", sys.modules["matcha.utils"], raising=False)
+        extractor = load_yaml_sections(render_yaml3(TINY3), ("feat_extractor",))["feat_extractor"]
+    wav = _speechlike(24000, 1.37, 1)
+    expected = extractor(torch.from_numpy(wav).unsqueeze(0)).transpose(1, 2)
+    torch.testing.assert_close(PromptMel(fmax=None)(wav), expected, atol=0.0, rtol=0.0)
+    assert not torch.equal(PromptMel()(wav), expected)  # the CosyVoice 2 mel is another
 
 
 @pytest.mark.parametrize(("seconds", "seed"), SIGNALS)

@@ -9,10 +9,10 @@ from cosyserve.errors import CheckpointError, ModelDirError
 from cosyserve.modeldir.layout import (
     LLM_FILE,
     QWEN_DIR,
-    REQUIRED_FILES,
     REQUIRED_QWEN_FILES,
     SPK2INFO_FILE,
     YAML_FILE,
+    Family,
     ModelDir,
 )
 from cosyserve.modeldir.presets import TINY
@@ -38,6 +38,8 @@ def _view(src: Path, dst: Path, replace: Iterable[str] = ()) -> Path:
 def test_tiny_dir_opens_with_all_paths(tiny_model_dir: Path) -> None:
     model_dir = ModelDir.open(tiny_model_dir)
     assert model_dir.llm == tiny_model_dir / LLM_FILE
+    assert model_dir.family is Family.COSYVOICE2
+    assert model_dir.llm_rl is None
     assert model_dir.spk2info == tiny_model_dir / SPK2INFO_FILE
     assert model_dir.hparams() == TINY
 
@@ -55,7 +57,11 @@ def test_file_instead_of_directory(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "missing",
-    [*REQUIRED_FILES, QWEN_DIR, *(f"{QWEN_DIR}/{name}" for name in REQUIRED_QWEN_FILES)],
+    [
+        *Family.COSYVOICE2.required_files[1:],  # without its yaml it is no model directory
+        QWEN_DIR,
+        *(f"{QWEN_DIR}/{name}" for name in REQUIRED_QWEN_FILES),
+    ],
 )
 def test_each_missing_file_is_named(tiny_model_dir: Path, tmp_path: Path, missing: str) -> None:
     broken = _view(tiny_model_dir, tmp_path / "m", replace=[missing])
@@ -70,16 +76,27 @@ def test_all_missing_files_are_listed(tmp_path: Path) -> None:
         ModelDir.open(tmp_path)
 
 
-@pytest.mark.parametrize(
-    ("yaml", "version"), [("cosyvoice.yaml", "CosyVoice \\(v1\\)"), ("cosyvoice3.yaml", "CosyVoice 3")]
-)
-def test_other_cosyvoice_versions_are_refused(tmp_path: Path, yaml: str, version: str) -> None:
-    (tmp_path / yaml).write_text("llm: 1\n")
+def test_v1_directory_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "cosyvoice.yaml").write_text("llm: 1\n")
     with pytest.raises(
-        ModelDirError,
-        match=rf"is a {version} model directory \({yaml}\); only CosyVoice2 \(CosyVoice2-0.5B\) model",
+        ModelDirError, match=r"is a CosyVoice \(v1\) model directory \(cosyvoice.yaml\); only CosyVoice2-0.5B"
     ):
         ModelDir.open(tmp_path)
+
+
+def test_directory_without_a_model_yaml_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "llm.pt").write_bytes(b"")
+    with pytest.raises(ModelDirError, match=r"has neither cosyvoice2.yaml nor cosyvoice3.yaml"):
+        ModelDir.open(tmp_path)
+
+
+def test_cosyvoice3_yaml_makes_a_cosyvoice3_directory(tmp_path: Path) -> None:
+    (tmp_path / "cosyvoice3.yaml").write_text("")
+    with pytest.raises(
+        ModelDirError, match=re.escape("llm.pt, flow.pt, hift.pt, campplus.onnx, speech_tokenizer_v3.onnx")
+    ) as info:
+        ModelDir.open(tmp_path)
+    assert "Fun-CosyVoice3-0.5B-2512 layout" in str(info.value)
 
 
 def test_extra_v1_yaml_next_to_cosyvoice2_yaml_is_ignored(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from cosyserve.accel.plan import Choices, DecodeCapture, Plan, Profile, choose_p
 from cosyserve.accel.precision import Dtype, FlowQuantization, Precision, Quantization
 from cosyserve.accel.quantize import fp16_weights_, quantize_lm_
 from cosyserve.engine.config import EngineConfig
+from cosyserve.errors import ModelDirError
 from cosyserve.frontend.features import PromptFeatureExtractor
 from cosyserve.frontend.text_tokenizer import TextTokenizer
 from cosyserve.memory import prefetch
@@ -95,6 +96,8 @@ def _load_model(path: Path | str, plan: Plan) -> LoadedModel:
     precision = plan.precision
     model_dir = ModelDir.open(path)
     hp = model_dir.hparams()
+    if not isinstance(hp, ModelHParams):
+        raise ModelDirError(f"{model_dir.root}: serving CosyVoice 3 directories is not built yet")
     tokenizer = model_dir.text_tokenizer()
     lm = _load_lm(model_dir, hp, plan)
     # On the meta device, as the LM: no random initial weights (its fixed noise is made on

@@ -82,19 +82,33 @@ def align_zero_shot(
 class PromptFeatureExtractor:
     """Prompt audio -> :class:`PromptFeatures`, with shared, reusable ONNX sessions."""
 
-    def __init__(self, speech_tokenizer: SpeechTokenizer, speaker_encoder: SpeakerEncoder) -> None:
+    def __init__(
+        self,
+        speech_tokenizer: SpeechTokenizer,
+        speaker_encoder: SpeakerEncoder,
+        mel_fmax: float | None = 8000.0,
+    ) -> None:
         self.speech_tokenizer = speech_tokenizer
         self.speaker_encoder = speaker_encoder
-        self.prompt_mel = PromptMel()
+        self.prompt_mel = PromptMel(mel_fmax)
 
     @classmethod
-    def from_model_dir(cls, model_dir: Path, options: OnnxOptions | None = None) -> "PromptFeatureExtractor":
-        """Open ``speech_tokenizer_v2.onnx`` and ``campplus.onnx`` from ``model_dir``."""
+    def from_model_dir(
+        cls,
+        model_dir: Path,
+        options: OnnxOptions | None = None,
+        *,
+        speech_tokenizer_file: str = SPEECH_TOKENIZER_FILE,
+        mel_fmax: float | None = 8000.0,
+    ) -> "PromptFeatureExtractor":
+        """Open the speech tokenizer (``speech_tokenizer_v2.onnx`` unless another file is
+        named: CosyVoice 3's is ``speech_tokenizer_v3.onnx``) and ``campplus.onnx`` from
+        ``model_dir``; prompt mels up to ``mel_fmax`` Hz (None: Nyquist)."""
         options = options or OnnxOptions()
-        tokenizer = SpeechTokenizer(open_onnx_session(model_dir / SPEECH_TOKENIZER_FILE, options))
+        tokenizer = SpeechTokenizer(open_onnx_session(model_dir / speech_tokenizer_file, options))
         encoder = SpeakerEncoder(open_onnx_session(model_dir / CAMPPLUS_FILE, options))
         logger.info("prompt feature extractor ready (%s)", model_dir)
-        return cls(tokenizer, encoder)
+        return cls(tokenizer, encoder, mel_fmax)
 
     def __call__(self, wav: Waveform, sample_rate: int, *, align: bool = True) -> PromptFeatures:
         """``wav``: (N,) float32 validated prompt audio at ``sample_rate`` Hz.

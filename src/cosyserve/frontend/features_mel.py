@@ -93,9 +93,10 @@ class WhisperLogMel:
 
 
 class PromptMel:
-    """Matcha's 80-bin log-mel of 24 kHz audio, as CosyVoice 2's flow consumes it.
+    """Matcha's 80-bin log-mel of 24 kHz audio, as the flow consumes it.
 
-    n_fft = win = 1920, hop 480, Hann, fmin 0, fmax 8000; the signal is reflect-padded by
+    n_fft = win = 1920, hop 480, Hann, fmin 0, fmax 8000 (CosyVoice 2) or the Nyquist
+    frequency (``fmax=None``: CosyVoice 3's ``feat_extractor``); the signal is reflect-padded by
     (n_fft - hop) / 2 = 720 samples on both sides and framed without centring; magnitude
     ``sqrt(re² + im² + 1e-9)``; natural log with a 1e-5 floor.
     """
@@ -106,9 +107,9 @@ class PromptMel:
     win_length = 1920
     n_mels = 80
     fmin = 0.0
-    fmax = 8000.0
 
-    def __init__(self) -> None:
+    def __init__(self, fmax: float | None = 8000.0) -> None:
+        self.fmax = fmax
         basis = slaney_mel_filterbank(self.sample_rate, self.n_fft, self.n_mels, self.fmin, self.fmax)
         self._basis = torch.from_numpy(basis)
         self._window = torch.hann_window(self.win_length)

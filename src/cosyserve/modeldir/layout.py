@@ -1,10 +1,14 @@
-"""The official CosyVoice2-0.5B model directory: file names, validation and small readers.
+"""The official model directories: file names, the model family, validation and small readers.
 
-:meth:`ModelDir.open` checks the layout only (cheap, no tensor is read); the readers
+Two families are served: CosyVoice 2 (CosyVoice2-0.5B, ``cosyvoice2.yaml``) and CosyVoice 3
+(Fun-CosyVoice3-0.5B-2512, ``cosyvoice3.yaml``). The yaml upstream's ``AutoModel``
+dispatches on decides the family. :meth:`ModelDir.open` checks the layout only (cheap, no
+tensor is read); the readers
 (:meth:`ModelDir.hparams`, :meth:`ModelDir.text_tokenizer`, :meth:`ModelDir.read_spk2info`)
 parse their files on demand. Every problem is a :class:`ModelDirError` that names the file.
 """
 
+import enum
 import logging
 import pickle
 import zipfile
@@ -17,36 +21,64 @@ import torch
 from cosyserve.errors import ModelDirError
 from cosyserve.frontend.text_tokenizer import MERGES_FILE, TOKENIZER_CONFIG_FILE, VOCAB_FILE, TextTokenizer
 from cosyserve.modeldir.hparams import ModelHParams, hparams_from_yaml, qwen2_config_from_json
+from cosyserve.modeldir.hparams3 import YAML3_FILE, Model3HParams, hparams3_from_yaml
 
 logger = logging.getLogger(__name__)
 
 YAML_FILE = "cosyvoice2.yaml"
 LLM_FILE = "llm.pt"
+# The RL-tuned LM of Fun-CosyVoice3-0.5B-2512, a drop-in replacement of llm.pt.
+LLM_RL_FILE = "llm.rl.pt"
 FLOW_FILE = "flow.pt"
 HIFT_FILE = "hift.pt"
 CAMPPLUS_FILE = "campplus.onnx"
 SPEECH_TOKENIZER_FILE = "speech_tokenizer_v2.onnx"
+SPEECH_TOKENIZER3_FILE = "speech_tokenizer_v3.onnx"
 SPK2INFO_FILE = "spk2info.pt"
 QWEN_DIR = "CosyVoice-BlankEN"
 QWEN_CONFIG_FILE = "config.json"
 MANIFEST_FILE = "manifest.sha256"
 
-REQUIRED_FILES = (YAML_FILE, LLM_FILE, FLOW_FILE, HIFT_FILE, CAMPPLUS_FILE, SPEECH_TOKENIZER_FILE)
 # model.safetensors is not required: llm.pt overwrites every backbone weight.
 REQUIRED_QWEN_FILES = (QWEN_CONFIG_FILE, VOCAB_FILE, MERGES_FILE, TOKENIZER_CONFIG_FILE)
 SPEAKER_EMBED_DIM = 192
 
-# Other CosyVoice generations, recognised by the yaml upstream's AutoModel dispatches on.
-_OTHER_VERSIONS = (("cosyvoice.yaml", "CosyVoice (v1)"), ("cosyvoice3.yaml", "CosyVoice 3"))
-_SUPPORTED = "only CosyVoice2 (CosyVoice2-0.5B) model directories are supported"
+
+class Family(enum.StrEnum):
+    """A CosyVoice model generation this server runs."""
+
+    COSYVOICE2 = "cosyvoice2"
+    COSYVOICE3 = "cosyvoice3"
+
+    @property
+    def yaml_file(self) -> str:
+        return YAML_FILE if self is Family.COSYVOICE2 else YAML3_FILE
+
+    @property
+    def speech_tokenizer_file(self) -> str:
+        return SPEECH_TOKENIZER_FILE if self is Family.COSYVOICE2 else SPEECH_TOKENIZER3_FILE
+
+    @property
+    def official_name(self) -> str:
+        return "CosyVoice2-0.5B" if self is Family.COSYVOICE2 else "Fun-CosyVoice3-0.5B-2512"
+
+    @property
+    def required_files(self) -> tuple[str, ...]:
+        return (self.yaml_file, LLM_FILE, FLOW_FILE, HIFT_FILE, CAMPPLUS_FILE, self.speech_tokenizer_file)
+
+
+_V1_YAML = "cosyvoice.yaml"
+_SUPPORTED = "CosyVoice2-0.5B (cosyvoice2.yaml) and Fun-CosyVoice3-0.5B-2512 (cosyvoice3.yaml) are supported"
 
 
 @dataclass(frozen=True)
 class ModelDir:
-    """Paths of a validated CosyVoice2 model directory. ``spk2info`` is None when absent
-    (upstream then has no built-in speakers)."""
+    """Paths of a validated model directory of ``family``. ``spk2info`` is None when
+    absent (upstream then has no built-in speakers); ``llm_rl`` is the RL-tuned LM when
+    the directory ships one (CosyVoice 3)."""
 
     root: Path
+    family: Family
     yaml: Path
     llm: Path
     flow: Path
@@ -55,6 +87,7 @@ class ModelDir:
     speech_tokenizer: Path
     spk2info: Path | None
     qwen: Path
+    llm_rl: Path | None = None
 
     @classmethod
     def open(cls, path: Path | str) -> "ModelDir":
@@ -64,8 +97,8 @@ class ModelDir:
             raise ModelDirError(f"model directory {root} does not exist")
         if not root.is_dir():
             raise ModelDirError(f"model directory {root} is not a directory")
-        _check_version(root)
-        missing = [name for name in REQUIRED_FILES if not (root / name).is_file()]
+        family = detect_family(root)
+        missing = [name for name in family.required_files if not (root / name).is_file()]
         qwen = root / QWEN_DIR
         if not qwen.is_dir():
             missing.append(QWEN_DIR + "/")
@@ -74,28 +107,34 @@ class ModelDir:
         if missing:
             raise ModelDirError(
                 f"model directory {root} is incomplete: missing {', '.join(missing)} "
-                "(expected the CosyVoice2-0.5B layout)"
+                f"(expected the {family.official_name} layout)"
             )
         spk2info = root / SPK2INFO_FILE
+        llm_rl = root / LLM_RL_FILE
         return cls(
             root=root,
-            yaml=root / YAML_FILE,
+            family=family,
+            yaml=root / family.yaml_file,
             llm=root / LLM_FILE,
             flow=root / FLOW_FILE,
             hift=root / HIFT_FILE,
             campplus=root / CAMPPLUS_FILE,
-            speech_tokenizer=root / SPEECH_TOKENIZER_FILE,
+            speech_tokenizer=root / family.speech_tokenizer_file,
             spk2info=spk2info if spk2info.is_file() else None,
             qwen=qwen,
+            llm_rl=llm_rl if family is Family.COSYVOICE3 and llm_rl.is_file() else None,
         )
 
-    def hparams(self) -> ModelHParams:
-        """Hyperparameters from ``cosyvoice2.yaml`` and ``CosyVoice-BlankEN/config.json``."""
+    def hparams(self) -> ModelHParams | Model3HParams:
+        """Hyperparameters from the family's yaml and ``CosyVoice-BlankEN/config.json``."""
         try:
             text = self.yaml.read_text(encoding="utf-8")
         except (OSError, ValueError) as exc:
             raise ModelDirError(f"{self.yaml}: not readable ({exc.__class__.__name__})") from None
-        return hparams_from_yaml(text, qwen2_config_from_json(self.qwen / QWEN_CONFIG_FILE))
+        qwen = qwen2_config_from_json(self.qwen / QWEN_CONFIG_FILE)
+        if self.family is Family.COSYVOICE3:
+            return hparams3_from_yaml(text, qwen)
+        return hparams_from_yaml(text, qwen)
 
     def text_tokenizer(self) -> TextTokenizer:
         return TextTokenizer.from_dir(self.qwen)
@@ -127,15 +166,21 @@ class ModelDir:
         }
 
 
-def _check_version(root: Path) -> None:
-    if (root / YAML_FILE).is_file():
-        for name, _ in _OTHER_VERSIONS:
-            if (root / name).exists():
-                logger.warning("%s: ignoring %s, %s is used", root, name, YAML_FILE)
-        return
-    for name, version in _OTHER_VERSIONS:
-        if (root / name).exists():
-            raise ModelDirError(f"{root} is a {version} model directory ({name}); {_SUPPORTED}")
+def detect_family(root: Path) -> Family:
+    """The family of the directory ``root`` from its yaml, as upstream's ``AutoModel``
+    decides (CosyVoice 2 first when both yamls are there, with a warning)."""
+    present = [family for family in Family if (root / family.yaml_file).is_file()]
+    if len(present) > 1:
+        both = " and ".join(f.yaml_file for f in present)
+        logger.warning("%s: both %s; serving it as CosyVoice 2", root, both)
+    if present:
+        return present[0]
+    if (root / _V1_YAML).exists():
+        raise ModelDirError(f"{root} is a CosyVoice (v1) model directory ({_V1_YAML}); only {_SUPPORTED}")
+    raise ModelDirError(
+        f"{root} is not a CosyVoice model directory: it has neither {YAML_FILE} nor {YAML3_FILE} "
+        f"(only {_SUPPORTED})"
+    )
 
 
 def _speaker_name(path: Path, name: object) -> str:

@@ -1,9 +1,10 @@
 """Small random stand-ins for the two ONNX models of the official directory.
 
-The real ``campplus.onnx`` (CAM++ speaker encoder) and ``speech_tokenizer_v2.onnx`` (S3
-tokenizer v2) cannot be downloaded here. These graphs have the official signatures, read
-by position as upstream does, and produce outputs of the official shapes, dtypes and
-ranges from seeded random weights. The same seed gives byte-identical files.
+The real ``campplus.onnx`` (CAM++ speaker encoder) and ``speech_tokenizer_v2.onnx`` /
+``speech_tokenizer_v3.onnx`` (S3 tokenizers v2 and v3, the same signature: whisper
+log-mel in, 25 Hz FSQ codes in [0, 6561) out) cannot be downloaded here. These graphs
+have the official signatures, read by position as upstream does, and produce outputs of
+the official shapes, dtypes and ranges from seeded random weights. The same seed gives byte-identical files.
 """
 
 from pathlib import Path
@@ -70,7 +71,7 @@ def campplus_model(seed: int) -> onnx.ModelProto:
     return _model(graph)
 
 
-def speech_tokenizer_model(seed: int) -> onnx.ModelProto:
+def speech_tokenizer_model(seed: int, name: str = "speech_tokenizer_v2") -> onnx.ModelProto:
     """whisper log-mel ``(B, 128, T)`` float32, lengths ``(B,)`` int32 -> tokens ``(B, T // 4)`` int32.
 
     A stride-4 convolution to 8 dimensions, tanh, rounding to {-1, 0, 1} (3-level FSQ) and
@@ -107,7 +108,7 @@ def speech_tokenizer_model(seed: int) -> onnx.ModelProto:
     ]
     graph = helper.make_graph(
         nodes,
-        "speech_tokenizer_v2",
+        name,
         inputs=[
             helper.make_tensor_value_info("feats", TensorProto.FLOAT, ["B", WHISPER_MELS, "T"]),
             helper.make_tensor_value_info("feats_length", TensorProto.INT32, ["B"]),

@@ -7,8 +7,8 @@ that upstream's loader builds the same classes from it; only the geometry varies
 from cosyserve.modeldir.hparams import ModelHParams
 
 
-def _list(values: tuple[int, ...] | tuple[tuple[int, ...], ...]) -> str:
-    return "[" + ", ".join(_list(v) if isinstance(v, tuple) else str(v) for v in values) + "]"
+def yaml_list(values: tuple[int, ...] | tuple[tuple[int, ...], ...]) -> str:
+    return "[" + ", ".join(yaml_list(v) if isinstance(v, tuple) else str(v) for v in values) + "]"
 
 
 def render_yaml(hp: ModelHParams) -> str:
@@ -92,7 +92,7 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
         estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
             in_channels: {est.in_channels}
             out_channels: {est.out_channels}
-            channels: {_list(est.channels)}
+            channels: {yaml_list(est.channels)}
             dropout: 0.0
             attention_head_dim: {est.attention_head_dim}
             n_blocks: {est.n_blocks}
@@ -110,15 +110,15 @@ hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
     nsf_alpha: {hift.nsf_alpha}
     nsf_sigma: {hift.nsf_sigma}
     nsf_voiced_threshold: {hift.nsf_voiced_threshold:g}
-    upsample_rates: {_list(hift.upsample_rates)}
-    upsample_kernel_sizes: {_list(hift.upsample_kernel_sizes)}
+    upsample_rates: {yaml_list(hift.upsample_rates)}
+    upsample_kernel_sizes: {yaml_list(hift.upsample_kernel_sizes)}
     istft_params:
         n_fft: {hift.istft_n_fft}
         hop_len: {hift.istft_hop_len}
-    resblock_kernel_sizes: {_list(hift.resblock_kernel_sizes)}
-    resblock_dilation_sizes: {_list(hift.resblock_dilation_sizes)}
-    source_resblock_kernel_sizes: {_list(hift.source_resblock_kernel_sizes)}
-    source_resblock_dilation_sizes: {_list(hift.source_resblock_dilation_sizes)}
+    resblock_kernel_sizes: {yaml_list(hift.resblock_kernel_sizes)}
+    resblock_dilation_sizes: {yaml_list(hift.resblock_dilation_sizes)}
+    source_resblock_kernel_sizes: {yaml_list(hift.source_resblock_kernel_sizes)}
+    source_resblock_dilation_sizes: {yaml_list(hift.source_resblock_dilation_sizes)}
     lrelu_slope: {hift.lrelu_slope}
     audio_limit: {hift.audio_limit}
     f0_predictor: !new:cosyvoice.hifigan.f0_predictor.ConvRNNF0Predictor
