@@ -46,6 +46,15 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def tiny3_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A complete tiny Fun-CosyVoice3 model directory (random weights, seed 0, with an
+    RL-tuned LM file), built once per session; read-only as ``tiny_model_dir``."""
+    path = tmp_path_factory.mktemp("models") / "tiny3"
+    init_model_dir(path, "tiny", seed=0, family="cosyvoice3", rl_lm=True)
+    return path
+
+
 @pytest.fixture(scope="module")
 def lm() -> CosyVoice2LM:
     """The tiny preset's LM with random weights (seed 0), in eval mode: one per test module,

@@ -13,8 +13,21 @@ def test_model_init_writes_a_directory_and_reports_it(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["model", "init", str(target), "--size", "tiny", "--seed", "3"])
     assert result.exit_code == 0, result.output
     assert "llm.pt" in result.stdout and "CosyVoice-BlankEN/vocab.json" in result.stdout
-    assert result.stdout.splitlines()[-1].startswith(f"wrote {target} (tiny, seed 3): ")
+    assert result.stdout.splitlines()[-1].startswith(f"wrote {target} (cosyvoice2 tiny, seed 3): ")
     ModelDir.open(target)
+
+
+def test_model_init_writes_a_cosyvoice3_directory(tmp_path: Path) -> None:
+    target = tmp_path / "cv3"
+    args = ["model", "init", str(target), "--size", "tiny", "--family", "cosyvoice3", "--rl-lm"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "wrote" in result.output and "(cosyvoice3 tiny, seed 0)" in result.output
+    assert (target / "cosyvoice3.yaml").is_file() and (target / "llm.rl.pt").is_file()
+    wrong = CliRunner().invoke(
+        app, ["model", "init", str(tmp_path / "x"), "--size", "tiny", "--family", "v4"]
+    )
+    assert wrong.exit_code == 2
 
 
 def test_model_error_is_one_line_on_stderr_with_exit_2(tmp_path: Path) -> None:

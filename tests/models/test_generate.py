@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 from cosyserve.errors import ModelDirError
 from cosyserve.modeldir import onnx_models
-from cosyserve.modeldir.layout import MANIFEST_FILE, QWEN_DIR, ModelDir
-from cosyserve.modeldir.presets import FULL, TINY
+from cosyserve.modeldir.layout import MANIFEST_FILE, QWEN_DIR, Family, ModelDir
+from cosyserve.modeldir.presets import FULL, TINY, TINY3
 from cosyserve.models import generate
 from cosyserve.models.flow.flow import Flow, flow_checkpoint_table
 from cosyserve.models.generate import init_model_dir
@@ -208,3 +208,39 @@ def test_full_size_directory(tmp_path: Path) -> None:
     assert llm["speech_embedding.weight"].shape == (6564, 896)
     assert llm["llm_decoder.weight"].shape == (6564, 896)
     assert (root / "llm.pt").stat().st_size == pytest.approx(2.02e9, rel=0.02)
+
+
+def test_cosyvoice3_directory_has_the_official_layout(tiny3_model_dir: Path, tmp_path: Path) -> None:
+    """Fun-CosyVoice3-0.5B-2512's files; the same seed gives the same bytes; the RL-tuned
+    LM has the LM's keys and shapes with weights of its own (the key lists are checked
+    against upstream's modules in tests/models/cosyvoice3)."""
+    names = set(_files(tiny3_model_dir))
+    assert {
+        "cosyvoice3.yaml",
+        "llm.pt",
+        "llm.rl.pt",
+        "flow.pt",
+        "hift.pt",
+        "campplus.onnx",
+        "speech_tokenizer_v3.onnx",
+        "spk2info.pt",
+        MANIFEST_FILE,
+        f"{QWEN_DIR}/config.json",
+    } <= names
+    assert not {"cosyvoice2.yaml", "speech_tokenizer_v2.onnx"} & names
+    model_dir = ModelDir.open(tiny3_model_dir)
+    assert model_dir.family is Family.COSYVOICE3
+    assert model_dir.llm_rl == tiny3_model_dir / "llm.rl.pt"
+    assert model_dir.hparams() == TINY3
+    base, rl = read_state_dict(model_dir.llm), read_state_dict(tiny3_model_dir / "llm.rl.pt")
+    assert {k: v.shape for k, v in base.items()} == {k: v.shape for k, v in rl.items()}
+    assert not torch.equal(base["speech_embedding.weight"], rl["speech_embedding.weight"])
+    init_model_dir(tmp_path / "again", "tiny", seed=0, family="cosyvoice3", rl_lm=True)
+    assert _files(tmp_path / "again") == _files(tiny3_model_dir)
+
+
+def test_only_cosyvoice3_has_an_rl_lm(tmp_path: Path) -> None:
+    with pytest.raises(ModelDirError, match=r"only CosyVoice 3 directories have an RL-tuned LM"):
+        init_model_dir(tmp_path / "x", "tiny", seed=0, rl_lm=True)
+    with pytest.raises(ValueError, match="cosyvoice4"):
+        init_model_dir(tmp_path / "y", "tiny", seed=0, family="cosyvoice4")

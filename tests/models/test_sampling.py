@@ -295,3 +295,27 @@ def test_running_sums_add_one_value_at_a_time_in_their_dtype(dtype: torch.dtype)
 def test_running_sums_refuse_other_dtypes() -> None:
     with pytest.raises(ValueError, match="float32 or float64"):
         running_sums(torch.ones(1, 3, dtype=torch.bfloat16))
+
+
+def test_ban_repeat_redraws_from_the_rest_as_upstream_ace7c47() -> None:
+    """CosyVoice 3's reference sets the repeated token's score to -inf before the redraw
+    (``weighted_scores[top_ids] = -inf``, then a softmax draw): the same uniform must then
+    pick what a draw over the masked distribution picks, and never the repeated token."""
+    gen = torch.Generator().manual_seed(7)
+    fallbacks = 0
+    for case in _random_cases(240, gen):
+        uniforms = torch.tensor([case.uniforms], dtype=torch.float64)
+        windows = _windows([case.history], case.cfg.win_size)
+        plain = int(ras_draw(case.log_probs[None], windows, uniforms, case.cfg)[0])
+        banned = int(ras_draw(case.log_probs[None], windows, uniforms, case.cfg, ban_repeat=True)[0])
+        first = int(ras_draw(case.log_probs[None], _windows([[]], case.cfg.win_size), uniforms, case.cfg)[0])
+        repeats = case.history[-case.cfg.win_size :].count(first)
+        if repeats < case.cfg.win_size * case.cfg.tau_r:
+            assert banned == plain == first
+            continue
+        fallbacks += 1
+        masked = case.log_probs.clone()
+        masked[first] = float("-inf")
+        expected = int(inverse_cdf(masked.softmax(-1)[None], uniforms[:, 1])[0])
+        assert banned == expected != first
+    assert fallbacks >= 30

@@ -19,15 +19,15 @@ import torch
 
 from cosyserve.accel.precision import Precision
 from cosyserve.models.kv_cache import KVCache
-from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.models.qwen2 import MLP
+from cosyserve.models.speech_lm import AnySpeechLM
 
 logger = logging.getLogger(__name__)
 
 _WARM_UP_PREFILL = 4  # positions of the warm-up prefill (any length > 1 is the same graph)
 
 
-def compile_lm_(lm: CosyVoice2LM, precision: Precision) -> float:
+def compile_lm_(lm: AnySpeechLM, precision: Precision) -> float:
     """Compile ``lm``'s MLPs in place and warm them up; returns the warm-up seconds.
 
     ``lm`` must be unquantized, on ``precision.device`` in its final dtype."""

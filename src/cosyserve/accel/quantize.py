@@ -45,8 +45,8 @@ from cosyserve.accel.native_int8 import NativeInt8Packer, NativeInt8Weight
 from cosyserve.accel.onednn_int8 import INPUT_SCALE, INPUT_ZERO_POINT, OneDnnInt8Weight, OneDnnPacker
 from cosyserve.accel.precision import Precision, PrecisionError, Quantization, require_torchao
 from cosyserve.memory import PageReleaser
-from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.models.qwen2 import DecoderLayer
+from cosyserve.models.speech_lm import AnySpeechLM
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ M = TypeVar("M", bound=nn.Module)
 
 
 def quantize_lm_(
-    lm: CosyVoice2LM, precision: Precision, *, native: Cpu | None = None, onednn: bool = False
+    lm: AnySpeechLM, precision: Precision, *, native: Cpu | None = None, onednn: bool = False
 ) -> None:
     """Quantize ``lm``'s decoder-layer Linear modules as ``precision`` says (nothing for
     ``none``). On CUDA ``lm`` must already be on its device in ``precision.lm_dtype``.

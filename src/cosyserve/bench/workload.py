@@ -9,6 +9,7 @@ import torch
 
 from cosyserve.engine.request import GenerationSpec, Segment
 from cosyserve.modeldir.hparams import ModelHParams
+from cosyserve.modeldir.hparams3 import Model3HParams
 from cosyserve.pipeline.voice import VoicePrompt
 
 # Qwen2's regular ids end here; the special tokens above it are never random text.
@@ -18,7 +19,7 @@ TEXT_TOKENS_PER_SECOND = 4
 
 
 def synthetic_voice(
-    hparams: ModelHParams, prompt_seconds: float, seed: int = 0, name: str = ""
+    hparams: ModelHParams | Model3HParams, prompt_seconds: float, seed: int = 0, name: str = ""
 ) -> VoicePrompt:
     """A zero-shot voice of ``prompt_seconds`` of prompt: 25 speech tokens and 50 mel frames
     per second, a transcript of :data:`TEXT_TOKENS_PER_SECOND` ids per second."""
@@ -35,7 +36,9 @@ def synthetic_voice(
     )
 
 
-def synthetic_text_ids(hparams: ModelHParams, speech_tokens: int, seed: int = 0) -> tuple[int, ...]:
+def synthetic_text_ids(
+    hparams: ModelHParams | Model3HParams, speech_tokens: int, seed: int = 0
+) -> tuple[int, ...]:
     """Text ids about as long as ``speech_tokens`` speech tokens of speech would need."""
     seconds = speech_tokens / hparams.flow.input_frame_rate
     n = max(1, round(seconds * TEXT_TOKENS_PER_SECOND))

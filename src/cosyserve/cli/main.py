@@ -52,6 +52,12 @@ class Size(StrEnum):
     full = "full"
 
 
+class ModelFamily(StrEnum):
+    # Mirrors modeldir.layout.Family, which --help must not import (torch).
+    COSYVOICE2 = "cosyvoice2"
+    COSYVOICE3 = "cosyvoice3"
+
+
 @app.callback()
 def _root(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress to stderr.")] = False,
@@ -65,23 +71,32 @@ def _root(
 @model_app.command("init")
 def model_init(
     directory: Annotated[Path, typer.Argument(help="Directory to create.")],
-    size: Annotated[Size, typer.Option(help="tiny (tests) or full (CosyVoice2-0.5B geometry).")],
+    size: Annotated[Size, typer.Option(help="tiny (tests) or full (the released geometry).")],
     seed: Annotated[int, typer.Option(help="Seed of every random weight.")] = 0,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty directory.")] = False,
+    family: Annotated[
+        ModelFamily,
+        typer.Option(help="cosyvoice2 (CosyVoice2-0.5B) or cosyvoice3 (Fun-CosyVoice3-0.5B-2512)."),
+    ] = ModelFamily.COSYVOICE2,
+    rl_lm: Annotated[
+        bool, typer.Option("--rl-lm", help="CosyVoice 3: also write llm.rl.pt (an RL-tuned LM's place).")
+    ] = False,
 ) -> None:
     """Write a model directory in the official layout with random weights."""
     # Imported here so that other commands (and --help) do not pay for torch and onnx.
     from cosyserve.models.generate import init_model_dir
 
     start = time.perf_counter()
-    init_model_dir(directory, size.value, seed, force=force)
+    init_model_dir(directory, size.value, seed, force=force, family=family.value, rl_lm=rl_lm)
     elapsed = time.perf_counter() - start
     total = 0
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
         size_bytes = path.stat().st_size
         total += size_bytes
         typer.echo(f"{_human(size_bytes):>10}  {path.relative_to(directory).as_posix()}")
-    typer.echo(f"wrote {directory} ({size.value}, seed {seed}): {_human(total)} in {elapsed:.1f} s")
+    typer.echo(
+        f"wrote {directory} ({family.value} {size.value}, seed {seed}): {_human(total)} in {elapsed:.1f} s"
+    )
 
 
 def _human(n: int) -> str:

@@ -20,7 +20,7 @@ scratch slot of the KV cache that no request gets, and the keys are read up to a
 span (128, 256, ... the cache's capacity) instead of the batch's longest sequence (each
 row's result is the same bits either way: :mod:`cosyserve.models.span_attention`). A trace
 takes its shapes from its input (:data:`Step`), so two traces serve every step: one for a
-lone row (whose speech head takes another branch, ``CosyVoice2LM.speech_log_probs``) and
+lone row (whose speech head takes another branch, ``SpeechLM.speech_log_probs``) and
 one for any larger batch, each over the step's own span.
 
 The KV cache's bookkeeping (which slot holds how many positions) stays on the host, in
@@ -42,8 +42,8 @@ from torch import nn
 
 from cosyserve.accel.quantize import Int8DynamicLinear
 from cosyserve.models.kv_cache import KVCache, causal_mask
-from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.models.span_attention import KEY_BLOCK, padded_span
+from cosyserve.models.speech_lm import AnySpeechLM
 from cosyserve.models.torchscript import Trace, replay, trace_frozen
 from cosyserve.models.trace_cache import TraceCache
 
@@ -98,7 +98,7 @@ class _StepModule(nn.Module):
     """``step`` as a module that holds ``lm``: tracing records calls on objects that belong
     to the traced module, and the int8 Linears' packed weights are such objects."""
 
-    def __init__(self, lm: CosyVoice2LM, step: Step) -> None:
+    def __init__(self, lm: AnySpeechLM, step: Step) -> None:
         super().__init__()
         self.lm = lm
         self.step = step
@@ -123,7 +123,7 @@ class TraceCapture:
 
     shape_free = True
 
-    def __init__(self, lm: CosyVoice2LM, cache: TraceCache | None = None) -> None:
+    def __init__(self, lm: AnySpeechLM, cache: TraceCache | None = None) -> None:
         self.lm = lm
         self.cache = cache
         self.failed = False
@@ -279,7 +279,7 @@ class DecodeGraphs:
 
     def __init__(
         self,
-        lm: CosyVoice2LM,
+        lm: AnySpeechLM,
         cache: KVCache,
         capture: Capture,
         batch_sizes: Sequence[int],
@@ -339,7 +339,7 @@ class DecodeGraphs:
         return None if self.shape_free else self._scratch
 
     @classmethod
-    def for_engine(cls, lm: CosyVoice2LM, cache: KVCache, capture: Capture, max_batch: int) -> "DecodeGraphs":
+    def for_engine(cls, lm: AnySpeechLM, cache: KVCache, capture: Capture, max_batch: int) -> "DecodeGraphs":
         """Batch sizes 1, 2, 4, ... ``max_batch`` and spans 128, 256, ... the cache's
         capacity; with a shape-free capture, batch sizes 1 and ``max_batch`` and one span."""
         if capture.shape_free:
@@ -364,7 +364,7 @@ class DecodeGraphs:
         return self.lm.speech_log_probs(hidden[:, 0])
 
     def decode(self, tokens: torch.Tensor, slots: Sequence[int]) -> torch.Tensor:
-        """:meth:`CosyVoice2LM.decode` by replay: feed ``tokens`` (B,) into ``slots``;
+        """:meth:`SpeechLM.decode` by replay: feed ``tokens`` (B,) into ``slots``;
         returns (B, V) float32 log-probs. B may not exceed the largest batch size."""
         n = len(slots)
         if tokens.shape != (n,):

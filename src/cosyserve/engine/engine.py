@@ -27,16 +27,19 @@ from cosyserve.engine.request import (
 from cosyserve.engine.scheduler import Scheduler
 from cosyserve.engine.stats import EngineStats
 from cosyserve.engine.token2wav import ChunkWork, Token2Wav
+from cosyserve.engine.token2wav3 import Token2Wav3
 from cosyserve.errors import CosyserveError, InvalidRequestError
 from cosyserve.logging_setup import request_scope
+from cosyserve.models.dit import Flow3
 from cosyserve.models.flow.flow import Flow
 from cosyserve.models.flow.prompt_cache import FlowPromptCache
 from cosyserve.models.flow.step_graph import CudaStepCapture
 from cosyserve.models.hift.generator import HiFTGenerator
+from cosyserve.models.hift3 import CausalHiFTGenerator
 from cosyserve.models.kv_cache import KVCache
-from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.models.prefix_cache import PrefixCache
 from cosyserve.models.sampling import LengthLimits
+from cosyserve.models.speech_lm import AnySpeechLM
 from cosyserve.models.trace_cache import TraceCache
 from cosyserve.parallelism import call_on_own_thread
 
@@ -60,9 +63,9 @@ class Engine:
 
     def __init__(
         self,
-        lm: CosyVoice2LM,
-        flow: Flow,
-        hift: HiFTGenerator,
+        lm: AnySpeechLM,
+        flow: Flow | Flow3,
+        hift: HiFTGenerator | CausalHiFTGenerator,
         config: EngineConfig,
         decode_capture: Capture | None = None,
         trace_cache: TraceCache | None = None,
@@ -103,6 +106,27 @@ class Engine:
             elapsed = time.perf_counter() - start
             logger.info("captured %d decode steps for replay in %.1f s", len(decode_graphs.replays), elapsed)
         self.lm_runner = LMRunner(lm, cache, self.stats, prefix_cache, decode_graphs)
+        # The family seam: everything after the LM is the family's own.
+        self.token2wav: Token2Wav | Token2Wav3
+        if isinstance(flow, Flow3):
+            if not isinstance(hift, CausalHiFTGenerator):
+                raise TypeError("CosyVoice 3's flow needs its causal vocoder")
+            self.token2wav = Token2Wav3(flow, hift, self.stats, config.flow_cache)
+            self._hop = flow.cfg.dit.static_chunk_size // flow.cfg.token_mel_ratio
+        else:
+            if not isinstance(hift, HiFTGenerator):
+                raise TypeError("CosyVoice 2's flow needs its vocoder")
+            self.token2wav = self._cosyvoice2_token2wav(flow, hift, config, trace_cache)
+            self._hop = flow.cfg.encoder.static_chunk_size
+        self._lookahead = flow.cfg.pre_lookahead_len
+        self.scheduler = Scheduler(config)
+        self._requests: dict[str, Request] = {}
+
+    def _cosyvoice2_token2wav(
+        self, flow: Flow, hift: HiFTGenerator, config: EngineConfig, trace_cache: TraceCache | None
+    ) -> Token2Wav:
+        """CosyVoice 2's flow and vocoder, with their traced steps, CUDA step capture and
+        primed voice prompts as ``config`` asks."""
         cpu = torch.device(config.device).type == "cpu"
         if config.traced_flow and cpu and config.flow_cache != "exact":
             # On a thread that then exits, as the decode traces above.
@@ -118,7 +142,7 @@ class Engine:
         prompt_cache = None
         if config.flow_prompt_cache_mb > 0 and config.flow_cache != "exact":
             prompt_cache = FlowPromptCache(flow, config.flow_prompt_cache_mb << 20, config.flow_prompt_whole)
-        self.token2wav = Token2Wav(
+        return Token2Wav(
             flow,
             hift,
             self.stats,
@@ -129,10 +153,6 @@ class Engine:
             compact_caches=config.flow_cache_compact,
             stream_rows=config.flow_stream_rows,
         )
-        self.scheduler = Scheduler(config)
-        self._requests: dict[str, Request] = {}
-        self._lookahead = flow.cfg.pre_lookahead_len
-        self._hop = flow.cfg.encoder.static_chunk_size
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -173,7 +193,7 @@ class Engine:
 
     @property
     def flow_prompt_cache(self) -> FlowPromptCache | None:
-        return self.token2wav.prompt_cache
+        return self.token2wav.prompt_cache if isinstance(self.token2wav, Token2Wav) else None
 
     def has_work(self) -> bool:
         return bool(self._requests)
@@ -344,9 +364,7 @@ class Engine:
             self._release(request)
 
 
-def _default_capture(
-    lm: CosyVoice2LM, config: EngineConfig, trace_cache: TraceCache | None
-) -> Capture | None:
+def _default_capture(lm: AnySpeechLM, config: EngineConfig, trace_cache: TraceCache | None) -> Capture | None:
     device = torch.device(config.device)
     if device.type == "cuda":
         return CudaGraphCapture(device) if config.cuda_graphs else None

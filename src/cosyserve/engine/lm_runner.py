@@ -7,9 +7,9 @@ from cosyserve.engine.request import Phase, Request, SegmentState
 from cosyserve.engine.stats import EngineStats
 from cosyserve.errors import CosyserveError
 from cosyserve.models.kv_cache import KVCache
-from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.models.prefix_cache import PrefixCache, lm_input_ids
 from cosyserve.models.sampling import LengthLimits, sample_tokens
+from cosyserve.models.speech_lm import AnySpeechLM
 
 
 class NumericalError(CosyserveError):
@@ -28,7 +28,7 @@ class LMRunner:
 
     def __init__(
         self,
-        lm: CosyVoice2LM,
+        lm: AnySpeechLM,
         cache: KVCache,
         stats: EngineStats,
         prefix_cache: PrefixCache | None = None,
@@ -40,6 +40,7 @@ class LMRunner:
         self.prefix_cache = prefix_cache
         self.decode_graphs = decode_graphs
         self._device = lm.speech_embedding.weight.device
+        self._silent = frozenset(lm.cfg.silent_tokens)
 
     @torch.inference_mode()
     def start_segment(self, request: Request) -> None:
@@ -86,7 +87,7 @@ class LMRunner:
         """One decode step for every request in ``requests`` (all in phase DECODE). Returns
         those whose LM output was not finite; they got no token and must be failed (their
         slot holds a position for this step, so they cannot simply go on)."""
-        last = torch.tensor([r.lm_state.tokens[-1] for r in requests], dtype=torch.long, device=self._device)
+        last = torch.tensor([r.lm_state.history[-1] for r in requests], dtype=torch.long, device=self._device)
         slots = [r.slot for r in requests if r.slot is not None]
         assert len(slots) == len(requests)
         with self.stats.timed("decode"):
@@ -115,18 +116,19 @@ class LMRunner:
         limits = [_limits(s) for s in segs]
         tokens = sample_tokens(
             log_probs,
-            [s.tokens for s in segs],
+            [s.history for s in segs],
             [r.lm_generator for r in requests],
             limits,
             self.lm.cfg.sampling,
+            self.lm.cfg.fallback_bans_repeat,
         ).tolist()
         stops = set(self.lm.cfg.stop_token_ids)
         for seg, token, limit in zip(segs, tokens, limits, strict=True):
             if token in stops:
                 seg.lm_done = True
                 continue
-            seg.tokens.append(int(token))
-            if len(seg.tokens) >= limit.max_tokens:
+            seg.keep_token(int(token), self._silent, self.lm.cfg.max_silent_run)
+            if len(seg.history) >= limit.max_tokens:
                 seg.lm_done = True
         return failed
 

@@ -1,4 +1,7 @@
-"""Load a CosyVoice 2 model directory into our native modules, once per process."""
+"""Load a model directory (CosyVoice 2 or 3) into our native modules, once per process.
+
+The family seam of loading: the LM is the same kind of module in both families and is
+stored as the plan says; the flow and the vocoder are the family's own."""
 
 import logging
 import time
@@ -15,19 +18,23 @@ from cosyserve.accel.plan import Choices, DecodeCapture, Plan, Profile, choose_p
 from cosyserve.accel.precision import Dtype, FlowQuantization, Precision, Quantization
 from cosyserve.accel.quantize import fp16_weights_, quantize_lm_
 from cosyserve.engine.config import EngineConfig
-from cosyserve.errors import ModelDirError
 from cosyserve.frontend.features import PromptFeatureExtractor
 from cosyserve.frontend.text_tokenizer import TextTokenizer
 from cosyserve.memory import prefetch
 from cosyserve.modeldir.hparams import ModelHParams
-from cosyserve.modeldir.layout import ModelDir
+from cosyserve.modeldir.hparams3 import Model3HParams
+from cosyserve.modeldir.layout import Family, ModelDir
+from cosyserve.models.dit import Flow3, flow3_checkpoint_table
 from cosyserve.models.flow.blocks import pack_convs_
 from cosyserve.models.flow.flow import Flow, flow_checkpoint_table
 from cosyserve.models.hift.generator import HiFTGenerator, hift_checkpoint_table
+from cosyserve.models.hift3 import CausalHiFTGenerator, causal_hift_checkpoint_table
 from cosyserve.models.lm import CosyVoice2LM, lm_checkpoint_table
+from cosyserve.models.lm3 import CosyVoice3LM, lm3_checkpoint_table
 from cosyserve.models.packed_linear import pack_linears_
+from cosyserve.models.speech_lm import AnySpeechLM
 from cosyserve.parallelism import call_on_own_thread
-from cosyserve.weights.checkpoint import load_checkpoint
+from cosyserve.weights.checkpoint import CheckpointTable, load_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +49,10 @@ class LoadedModel:
     """
 
     model_dir: ModelDir
-    hparams: ModelHParams
-    lm: CosyVoice2LM
-    flow: Flow
-    hift: HiFTGenerator
+    hparams: ModelHParams | Model3HParams
+    lm: AnySpeechLM
+    flow: Flow | Flow3
+    hift: HiFTGenerator | CausalHiFTGenerator
     tokenizer: TextTokenizer
     features: PromptFeatureExtractor
     speakers: dict[str, torch.Tensor]
@@ -93,13 +100,54 @@ def load_model(
 
 def _load_model(path: Path | str, plan: Plan) -> LoadedModel:
     start = time.perf_counter()
-    precision = plan.precision
     model_dir = ModelDir.open(path)
+    if model_dir.family is Family.COSYVOICE3:
+        plan = plan.for_cosyvoice3()
+    precision = plan.precision
     hp = model_dir.hparams()
-    if not isinstance(hp, ModelHParams):
-        raise ModelDirError(f"{model_dir.root}: serving CosyVoice 3 directories is not built yet")
     tokenizer = model_dir.text_tokenizer()
-    lm = _load_lm(model_dir, hp, plan)
+    flow: Flow | Flow3
+    hift: HiFTGenerator | CausalHiFTGenerator
+    lm: AnySpeechLM
+    if isinstance(hp, Model3HParams):
+        with torch.device("meta"):
+            lm = CosyVoice3LM(hp.lm)
+        lm = _load_lm(model_dir, lm, lm3_checkpoint_table(hp.lm), plan)
+        flow, hift = _load_flow3(model_dir, hp, plan)
+    else:
+        with torch.device("meta"):
+            lm = CosyVoice2LM(hp.lm)
+        lm = _load_lm(model_dir, lm, lm_checkpoint_table(hp.lm), plan)
+        flow, hift = _load_flow2(model_dir, hp, plan)
+    for module in (lm, flow, hift):
+        module.eval().requires_grad_(False)
+    speakers = {name: emb.reshape(-1) for name, emb in model_dir.read_spk2info().items()}
+    features = PromptFeatureExtractor.from_model_dir(
+        model_dir.root, speech_tokenizer_file=model_dir.speech_tokenizer.name, mel_fmax=hp.mel.fmax
+    )
+    model = LoadedModel(
+        model_dir=model_dir,
+        hparams=hp,
+        lm=lm,
+        flow=flow,
+        hift=hift,
+        tokenizer=tokenizer,
+        features=features,
+        speakers=speakers,
+        plan=plan,
+    )
+    logger.info(
+        "loaded %s (%s), %s, in %.1f s",
+        model_dir.root,
+        model_dir.family,
+        precision.describe(),
+        time.perf_counter() - start,
+    )
+    return model
+
+
+def _load_flow2(model_dir: ModelDir, hp: ModelHParams, plan: Plan) -> tuple[Flow, HiFTGenerator]:
+    precision = plan.precision
     # On the meta device, as the LM: no random initial weights (its fixed noise is made on
     # the CPU), and in its dtype, so that each weight is converted as it is read.
     with torch.device("meta"):
@@ -117,22 +165,23 @@ def _load_model(path: Path | str, plan: Plan) -> LoadedModel:
     hift = HiFTGenerator(hp.hift)
     load_checkpoint(hift, model_dir.hift, hift_checkpoint_table(hp.hift))
     hift.to(precision.torch_device, precision.hift_dtype)
-    for module in (lm, flow, hift):
-        module.eval().requires_grad_(False)
-    speakers = {name: emb.reshape(-1) for name, emb in model_dir.read_spk2info().items()}
-    model = LoadedModel(
-        model_dir=model_dir,
-        hparams=hp,
-        lm=lm,
-        flow=flow,
-        hift=hift,
-        tokenizer=tokenizer,
-        features=PromptFeatureExtractor.from_model_dir(model_dir.root),
-        speakers=speakers,
-        plan=plan,
-    )
-    logger.info("loaded %s, %s, in %.1f s", model_dir.root, precision.describe(), time.perf_counter() - start)
-    return model
+    return flow, hift
+
+
+def _load_flow3(model_dir: ModelDir, hp: Model3HParams, plan: Plan) -> tuple[Flow3, CausalHiFTGenerator]:
+    """CosyVoice 3's DiT flow in the plan's flow dtype and its causal vocoder in float32 (its
+    f0 predictor in float64, as upstream's), on the plan's device."""
+    precision = plan.precision
+    with torch.device("meta"):
+        flow = Flow3(hp.flow)
+    flow.to(dtype=precision.flow_dtype)
+    load_checkpoint(flow, model_dir.flow, flow3_checkpoint_table(hp.flow))
+    flow.to(precision.torch_device)
+    device = precision.torch_device
+    hift = CausalHiFTGenerator(hp.hift)
+    load_checkpoint(hift, model_dir.hift, causal_hift_checkpoint_table(hp.hift))
+    hift.to(device)
+    return flow, hift
 
 
 def engine_config_for(model: LoadedModel, **overrides: Any) -> EngineConfig:
@@ -169,19 +218,18 @@ def engine_config_for(model: LoadedModel, **overrides: Any) -> EngineConfig:
     return EngineConfig(**options)
 
 
-def _load_lm(model_dir: ModelDir, hp: ModelHParams, plan: Plan) -> CosyVoice2LM:
-    """The LM in ``precision.lm_dtype`` on its device, quantized as asked.
+def _load_lm(model_dir: ModelDir, lm: AnySpeechLM, table: CheckpointTable, plan: Plan) -> AnySpeechLM:
+    """``lm``, built on the meta device, loaded in ``precision.lm_dtype`` on its device,
+    quantized as asked.
 
-    Built on the meta device, so no random initial weights are allocated: loading assigns
+    On the meta device no random initial weights are allocated: loading assigns
     the checkpoint's tensors, memory-mapped (float32) or converted once (other dtypes),
     and quantization then replaces the decoder Linears one by one. Compilation (if asked)
     comes last, on the final weights.
     """
     precision = plan.precision
-    with torch.device("meta"):
-        lm = CosyVoice2LM(hp.lm)
     lm.to(precision.lm_dtype)
-    load_checkpoint(lm, model_dir.llm, lm_checkpoint_table(hp.lm))
+    load_checkpoint(lm, model_dir.llm, table)
     lm.to(precision.torch_device)
     quantize_lm_(
         lm, precision, native=plan.machine.cpu if plan.native_int8 else None, onednn=plan.onednn_int8

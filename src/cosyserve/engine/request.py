@@ -13,8 +13,10 @@ import torch
 
 from cosyserve.engine.chunking import ChunkSchedule
 from cosyserve.errors import CosyserveError
+from cosyserve.models.dit import Flow3Stream
 from cosyserve.models.flow.stream_cache import FlowStreamCache
 from cosyserve.models.hift.stream import HiFTStreamState
+from cosyserve.models.hift3 import CausalHiFTStream
 from cosyserve.models.sampling import LengthLimits
 
 
@@ -70,18 +72,35 @@ class SegmentState:
     segment streams (created by the first chunk, dropped after the last); ``flow_reserved``
     the bytes reserved for it under the engine's stream cache budget; ``flow_exact``: the
     budget had no room, so every chunk is recomputed over prompt and tokens instead.
+    ``tokens``: the speech tokens for the flow; ``history``: every token the LM sampled,
+    which it reads back (they differ where a long silence is cut, see :meth:`keep_token`).
+    ``flow3`` and ``hift3``: a streaming CosyVoice 3 segment's flow and vocoder states
+    (:mod:`cosyserve.engine.token2wav3`); ``hift`` is CosyVoice 2's vocoder state.
     """
 
     spec: Segment
     schedule: ChunkSchedule
     limits: LengthLimits | None
     tokens: list[int] = field(default_factory=list)
+    history: list[int] = field(default_factory=list)
+    silent_run: int = 0
     lm_done: bool = False
     hift: HiFTStreamState = field(default_factory=HiFTStreamState)
     flow_cache: FlowStreamCache | None = None
     flow_reserved: int = 0
     flow_exact: bool = False
+    flow3: Flow3Stream | None = None
+    hift3: CausalHiFTStream | None = None
     vocoded: bool = False
+
+    def keep_token(self, token: int, silent: frozenset[int], max_silent_run: int | None) -> None:
+        """Record a sampled token. Like upstream's CosyVoice 3 ``llm_job``, a run of silent
+        tokens goes to the flow only up to ``max_silent_run`` long (None: no limit); the LM
+        still reads every token it sampled."""
+        self.history.append(token)
+        self.silent_run = self.silent_run + 1 if token in silent else 0
+        if max_silent_run is None or self.silent_run <= max_silent_run:
+            self.tokens.append(token)
 
 
 @dataclass(frozen=True)

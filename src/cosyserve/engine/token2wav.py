@@ -306,6 +306,20 @@ class Token2Wav:
         return audio
 
 
+def run_each(call: Callable[[_In], _Out], inputs: Sequence[_In]) -> list[_Out | Exception]:
+    """``call`` on each input alone; an input's error is its own result. A broken device
+    (``torch.AcceleratorError``) stops the engine instead."""
+    results: list[_Out | Exception] = []
+    for item in inputs:
+        try:
+            results.append(call(item))
+        except torch.AcceleratorError:
+            raise
+        except Exception as exc:
+            results.append(exc)
+    return results
+
+
 def _batched(
     stage: str,
     call: Callable[[list[_In]], list[_Out]],

@@ -3,18 +3,21 @@
 Pipeline of :meth:`TextNormalizer.normalize`:
 
 1. input hygiene (``text_cleanup.clean_input``) and language choice as upstream;
-2. special tokens, and the characters wetext escapes or fails on, are cut out as
-   protected spans and pass through unchanged (upstream skips normalization of any text
-   with ``<|`` and ``|>`` instead);
+2. special tokens (the model family's list, see :class:`TextNormalizer`), and the
+   characters wetext escapes or fails on, are cut out as protected spans and pass through
+   unchanged (upstream skips normalization of any text with ``<|`` and ``|>`` instead);
 3. each plain span: table-driven fixes (``text_fixes_zh`` / ``text_fixes_en``), then
    wetext on line-free chunks of at most 200 characters (wetext's time grows faster than
    linearly: 10,000 characters take seconds in one call);
-4. upstream's per-language post-processing (``text_cleanup``).
+4. upstream's per-language post-processing (``text_cleanup``), which for English (digits
+   spelled out) skips the special tokens: CosyVoice 3's ``[AH0]`` keeps its stress digit.
+   Upstream spells it out (``[AHzero]``, no longer a token) unless its text frontend is off.
 """
 
 import logging
 import re
 import threading
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from cosyserve.frontend.sentence_splitter import (
@@ -30,14 +33,14 @@ from cosyserve.frontend.text_fixes_en import EN_FIXES
 from cosyserve.frontend.text_fixes_zh import ZH_FIXES
 from cosyserve.frontend.text_numbers import zh_cardinal, zh_digits
 from cosyserve.frontend.text_pack import fit
-from cosyserve.frontend.text_tokens import SPECIAL_TOKEN_RE, split_protected
+from cosyserve.frontend.text_tokens import SPECIAL_TOKENS, special_token_re, split_protected
 
 logger = logging.getLogger(__name__)
 
 _CJK_RE = re.compile(r"[\u4e00-\u9fff]")
 # wetext serializes its tokens with quotes, backslashes and braces: '"' and '\' come back
 # backslash-escaped, and '{' or '}' make it raise. They never need normalizing.
-_PROTECTED_RE = re.compile(SPECIAL_TOKEN_RE.pattern + r'|["\\{}]')
+_WETEXT_UNSAFE = r'|["\\{}]'
 _LINE_BREAK_RE = re.compile(r"(\s*\n\s*)")
 _CHUNK_CHARS = 200
 _CHUNK_SEPARATORS = (re.compile(r"[。！？；!?;]+\s*|[.:,，、](?=\s)\s*"), re.compile(r"\s+"))
@@ -63,7 +66,11 @@ class TextNormalizer:
     event loop.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, special_tokens: Sequence[str] = SPECIAL_TOKENS) -> None:
+        """``special_tokens``: the tokenizer's, kept intact: ``text_tokens.SPECIAL_TOKENS``
+        (CosyVoice 2, the default) or ``text_tokens.COSYVOICE3_SPECIAL_TOKENS``."""
+        self._tokens_re = special_token_re(tuple(special_tokens))
+        self._protected_re = re.compile(self._tokens_re.pattern + _WETEXT_UNSAFE)
         self._lock = threading.Lock()
         self._wetext: dict[Language, _Wetext] = {}
         self._inflect: Any = None
@@ -87,11 +94,15 @@ class TextNormalizer:
         fixes = ZH_FIXES if language == "zh" else EN_FIXES
         joined = "".join(
             span.text if span.protected else self._normalize_plain(span.text, language, fixes)
-            for span in split_protected(text, _PROTECTED_RE)
+            for span in split_protected(text, self._protected_re)
         )
         if language == "zh":
+            # No special token holds what these steps change (spaces, dots, digits, brackets).
             return postprocess_zh(joined).strip()
-        return postprocess_en(joined, self._en_cardinal).strip()
+        return "".join(
+            span.text if span.protected else postprocess_en(span.text, self._en_cardinal)
+            for span in split_protected(joined, self._tokens_re)
+        ).strip()
 
     def normalize_and_split(
         self, text: str, token_count: TokenCount | None = None, options: SplitOptions | None = None

@@ -8,12 +8,14 @@ with input length). Every function here returns pieces that join back to its inp
 import re
 from collections.abc import Callable
 
-from cosyserve.frontend.text_tokens import SPECIAL_TOKEN_RE
+from cosyserve.frontend.text_tokens import COSYVOICE3_SPECIAL_TOKEN_RE
 
 Measure = Callable[[str], int]
 
+# Never cut inside a special token of either family (CosyVoice 3's list holds CosyVoice 2's).
+_TOKEN_RE = COSYVOICE3_SPECIAL_TOKEN_RE
 # Atoms of the last-resort cut: a special token is never cut in two.
-_ATOM_RE = re.compile(f"{SPECIAL_TOKEN_RE.pattern}|.", re.DOTALL)
+_ATOM_RE = re.compile(f"{_TOKEN_RE.pattern}|.", re.DOTALL)
 
 
 def cut_after(text: str, separator: re.Pattern[str]) -> list[str]:
@@ -62,7 +64,7 @@ def pack(pieces: list[str], measure: Measure, limit: int) -> list[str]:
 
 
 def _token_interiors(text: str) -> set[int]:
-    return {i for match in SPECIAL_TOKEN_RE.finditer(text) for i in range(match.start() + 1, match.end())}
+    return {i for match in _TOKEN_RE.finditer(text) for i in range(match.start() + 1, match.end())}
 
 
 def _cut_atoms(text: str, measure: Measure, limit: int) -> list[str]:

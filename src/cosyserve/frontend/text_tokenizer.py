@@ -1,10 +1,11 @@
-"""The CosyVoice 2 text tokenizer: Qwen2's byte-level BPE plus CosyVoice's special tokens.
+"""The CosyVoice 2 and 3 text tokenizers: Qwen2's byte-level BPE plus CosyVoice's special tokens.
 
 Built with the ``tokenizers`` library alone from ``CosyVoice-BlankEN/`` (``vocab.json``,
 ``merges.txt``, ``tokenizer_config.json``), reproducing what upstream gets from
 ``AutoTokenizer.from_pretrained`` followed by ``add_special_tokens`` (spec 3.2): the same
 normalizer, pre-tokenizer and decoder, the directory's added tokens at their declared ids,
-then the 17 CosyVoice 2 tokens from id 151646 on.
+then the 17 CosyVoice 2 tokens from id 151646 on (``CosyVoice2Tokenizer``), and for
+CosyVoice 3 (``CosyVoice3Tokenizer``) 261 more from 151663 on.
 """
 
 import json
@@ -18,7 +19,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_
 from tokenizers.models import BPE
 
 from cosyserve.errors import ModelDirError
-from cosyserve.frontend.text_tokens import SPECIAL_TOKENS
+from cosyserve.frontend import text_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +31,12 @@ QWEN2_SPLIT_REGEX = (
 
 # Added by upstream's QwenTokenizer in the order of SPECIAL_TOKENS; the first three already
 # exist in CosyVoice-BlankEN, so the rest get 151646 (<|endofprompt|>) ... 151662 ([mn]).
-COSYVOICE2_SPECIAL_TOKENS = SPECIAL_TOKENS
+COSYVOICE2_SPECIAL_TOKENS = text_tokens.SPECIAL_TOKENS
+# CosyVoice 2's, then <|endofsystem|> (151663) and the CMU and pinyin tokens (to 151923).
+COSYVOICE3_SPECIAL_TOKENS = text_tokens.COSYVOICE3_SPECIAL_TOKENS
 ENDOFPROMPT_ID = 151646
+# The ids of SPECIAL_TOKENS[0] (<|endoftext|>) on: each list's tokens get consecutive ids.
+FIRST_SPECIAL_ID = 151643
 
 VOCAB_FILE = "vocab.json"
 MERGES_FILE = "merges.txt"
@@ -57,8 +62,13 @@ class TextTokenizer:
     tokenizer: Tokenizer
 
     @classmethod
-    def from_dir(cls, path: Path) -> "TextTokenizer":
-        """Load from a ``CosyVoice-BlankEN`` directory; :class:`ModelDirError` if it does not load."""
+    def from_dir(
+        cls, path: Path, special_tokens: Sequence[str] = COSYVOICE2_SPECIAL_TOKENS
+    ) -> "TextTokenizer":
+        """Load from a ``CosyVoice-BlankEN`` directory; :class:`ModelDirError` if it does not load.
+
+        ``special_tokens``: :data:`COSYVOICE2_SPECIAL_TOKENS` (CosyVoice 2) or
+        :data:`COSYVOICE3_SPECIAL_TOKENS` (CosyVoice 3); they get ids 151643 on."""
         vocab = _read_json(path / VOCAB_FILE)
         config = _read_json(path / TOKENIZER_CONFIG_FILE)
         if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
@@ -71,19 +81,26 @@ class TextTokenizer:
         tokenizer = Tokenizer(model)
         configure_qwen2_pipeline(tokenizer)
         _add_declared_tokens(tokenizer, config, path)
-        tokenizer.add_special_tokens([_special(t) for t in COSYVOICE2_SPECIAL_TOKENS])
-        if tokenizer.token_to_id(COSYVOICE2_SPECIAL_TOKENS[3]) != ENDOFPROMPT_ID:
+        tokenizer.add_special_tokens([_special(t) for t in special_tokens])
+        if tokenizer.token_to_id(special_tokens[3]) != ENDOFPROMPT_ID:
             raise ModelDirError(
-                f"{path}: {COSYVOICE2_SPECIAL_TOKENS[3]} would get id "
-                f"{tokenizer.token_to_id(COSYVOICE2_SPECIAL_TOKENS[3])}, not {ENDOFPROMPT_ID}; "
+                f"{path}: {special_tokens[3]} would get id "
+                f"{tokenizer.token_to_id(special_tokens[3])}, not {ENDOFPROMPT_ID}; "
                 "the vocabulary is not CosyVoice-BlankEN's"
+            )
+        last = FIRST_SPECIAL_ID + len(special_tokens) - 1
+        if tokenizer.token_to_id(special_tokens[-1]) != last:
+            raise ModelDirError(
+                f"{path}: {special_tokens[-1]} would get id {tokenizer.token_to_id(special_tokens[-1])}, "
+                f"not {last}; the vocabulary already holds some of CosyVoice's special tokens"
             )
         logger.debug("text tokenizer loaded from %s: %d ids", path, tokenizer.get_vocab_size())
         return cls(tokenizer)
 
     @property
     def vocab_size(self) -> int:
-        """Number of ids including added tokens (151663 for CosyVoice2-0.5B)."""
+        """Number of ids including added tokens (151663 for CosyVoice2-0.5B, 151924 for
+        Fun-CosyVoice3-0.5B-2512)."""
         return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
 
     def token_id(self, token: str) -> int:

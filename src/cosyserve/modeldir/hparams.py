@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from cosyserve.errors import ModelDirError
 from cosyserve.modeldir.yamlread import Tagged, read_hyperpyyaml
@@ -58,9 +58,67 @@ class LMConfig:
     max_token_text_ratio: float = 20.0
 
     @property
+    def num_speech_ids(self) -> int:
+        """Rows of ``speech_embedding`` and of the speech head (6564)."""
+        return self.speech_token_size + 3
+
+    @property
     def stop_token_ids(self) -> tuple[int, ...]:
         """eos (6561), the unused 6562 and fill (6563) all end generation."""
-        return tuple(range(self.speech_token_size, self.speech_token_size + 3))
+        return tuple(range(self.speech_token_size, self.num_speech_ids))
+
+    @property
+    def ids_masked_below_min_len(self) -> tuple[int, ...]:
+        """What upstream's ``sampling_ids(ignore_eos=True)`` forbids below the minimum
+        length: index ``speech_token_size``, here eos (6561)."""
+        return (self.speech_token_size,)
+
+    @property
+    def fallback_bans_repeat(self) -> bool:
+        """CosyVoice 2's reference (the PyPI package) redraws a too-repeated token from the
+        whole distribution, the repeated token included (:mod:`cosyserve.models.sampling`)."""
+        return False
+
+    @property
+    def silent_tokens(self) -> tuple[int, ...]:
+        return ()
+
+    @property
+    def max_silent_run(self) -> int | None:
+        """CosyVoice 2 passes every sampled token to the flow."""
+        return None
+
+
+class SpeechLMConfig(Protocol):
+    """What the engine, the sampler and the shared LM code read of an LM's configuration;
+    :class:`LMConfig` (CosyVoice 2) and ``hparams3.LM3Config`` (CosyVoice 3) both provide it."""
+
+    @property
+    def qwen(self) -> Qwen2Config: ...
+    @property
+    def speech_token_size(self) -> int: ...
+    @property
+    def llm_input_size(self) -> int: ...
+    @property
+    def llm_output_size(self) -> int: ...
+    @property
+    def sampling(self) -> SamplingConfig: ...
+    @property
+    def min_token_text_ratio(self) -> float: ...
+    @property
+    def max_token_text_ratio(self) -> float: ...
+    @property
+    def num_speech_ids(self) -> int: ...
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]: ...
+    @property
+    def ids_masked_below_min_len(self) -> tuple[int, ...]: ...
+    @property
+    def fallback_bans_repeat(self) -> bool: ...
+    @property
+    def silent_tokens(self) -> tuple[int, ...]: ...
+    @property
+    def max_silent_run(self) -> int | None: ...
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ YAML3_FILE = "cosyvoice3.yaml"
 # Upstream's CosyVoice3LM reserves 200 ids after the speech codes: sos, eos, task_id and
 # fill first, the rest unused; sampling any of them ends generation.
 EXTRA_SPEECH_IDS = 200
+# FSQ codes of silence and breath, as upstream's CosyVoice3Model lists them.
+SILENT_TOKENS = (1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,28 @@ class LM3Config:
     def stop_token_ids(self) -> tuple[int, ...]:
         """Every id from 6561 on ends generation."""
         return tuple(range(self.speech_token_size, self.num_speech_ids))
+
+    @property
+    def ids_masked_below_min_len(self) -> tuple[int, ...]:
+        """What upstream's ``sampling_ids(ignore_eos=True)`` forbids below the minimum
+        length. It masks index ``speech_token_size`` for both models, which in CosyVoice 3
+        is sos (6561), not eos (6562): eos and the other stop ids stay allowed, as upstream."""
+        return (self.speech_token_size,)
+
+    @property
+    def fallback_bans_repeat(self) -> bool:
+        """Upstream at ace7c47, CosyVoice 3's reference, bans the repeated token from the redraw."""
+        return True
+
+    @property
+    def silent_tokens(self) -> tuple[int, ...]:
+        """The speech codes of silence and breath (upstream's ``CosyVoice3Model.silent_tokens``)."""
+        return SILENT_TOKENS
+
+    @property
+    def max_silent_run(self) -> int | None:
+        """Upstream passes at most 5 silent tokens in a row to the flow: longer pauses are cut."""
+        return 5
 
 
 @dataclass(frozen=True)

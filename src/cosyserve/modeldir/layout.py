@@ -19,7 +19,13 @@ from pathlib import Path
 import torch
 
 from cosyserve.errors import ModelDirError
-from cosyserve.frontend.text_tokenizer import MERGES_FILE, TOKENIZER_CONFIG_FILE, VOCAB_FILE, TextTokenizer
+from cosyserve.frontend.text_tokenizer import (
+    COSYVOICE3_SPECIAL_TOKENS,
+    MERGES_FILE,
+    TOKENIZER_CONFIG_FILE,
+    VOCAB_FILE,
+    TextTokenizer,
+)
 from cosyserve.modeldir.hparams import ModelHParams, hparams_from_yaml, qwen2_config_from_json
 from cosyserve.modeldir.hparams3 import YAML3_FILE, Model3HParams, hparams3_from_yaml
 
@@ -137,6 +143,8 @@ class ModelDir:
         return hparams_from_yaml(text, qwen)
 
     def text_tokenizer(self) -> TextTokenizer:
+        if self.family is Family.COSYVOICE3:
+            return TextTokenizer.from_dir(self.qwen, COSYVOICE3_SPECIAL_TOKENS)
         return TextTokenizer.from_dir(self.qwen)
 
     def read_spk2info(self) -> dict[str, torch.Tensor]:

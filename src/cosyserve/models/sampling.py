@@ -10,18 +10,21 @@ Semantics follow upstream ``cosyvoice/utils/common.py`` (``ras_sampling``,
    like upstream's loop, because the crossing decision is sensitive to the last bit.
 3. Draw one kept token with probability proportional to its (un-renormalised) ``p``.
 4. If that token occurs ``>= win_size * tau_r`` times among the last ``win_size`` emitted
-   tokens, draw again from the full distribution ``p`` instead. As in the reference
-   package this fallback does not ban the repeated token (later upstream revisions do).
+   tokens, draw again from the full distribution ``p`` instead. CosyVoice 2's reference
+   package keeps the repeated token in that draw; later upstream revisions, CosyVoice 3's
+   reference, ban it (``ban_repeat``: its probability is zeroed, the rest keep their
+   proportions, as upstream's softmax over the masked scores).
 
 Every draw is an inverse-CDF lookup on a uniform in [0, 1) from the request's own
 ``torch.Generator``, two uniforms per step (the second used only by the fallback), so a
 request's tokens depend on nothing but its seed and its logits.
 
-End of generation (see :class:`LengthLimits`): stop ids are 6561 (eos), 6562 and 6563.
-Below the minimum length upstream forbids eos only, so a model may still end early
-through 6562/6563; that is kept for upstream parity. A forced length (like vLLM's
-``min_tokens`` / ``ignore_eos``, needed to get predictable lengths from random weights)
-forbids all three.
+End of generation (see :class:`LengthLimits`): the stop ids come from the LM's config,
+6561 (eos), 6562 and 6563 in CosyVoice 2, 6561..6760 in CosyVoice 3. Below the minimum
+length upstream forbids index 6561 only (eos in CosyVoice 2, sos in CosyVoice 3), so a
+model may still end early through another stop id; that is kept for upstream parity. A
+forced length (like vLLM's ``min_tokens`` / ``ignore_eos``, needed to get predictable
+lengths from random weights) forbids them all.
 """
 
 from collections.abc import Sequence
@@ -31,7 +34,7 @@ import numpy as np
 import torch
 
 from cosyserve.errors import InvalidRequestError
-from cosyserve.modeldir.hparams import LMConfig, SamplingConfig
+from cosyserve.modeldir.hparams import SamplingConfig, SpeechLMConfig
 
 # Uniforms per sampling step: the nucleus draw and the repetition fallback.
 UNIFORMS_PER_STEP = 2
@@ -61,20 +64,20 @@ class LengthLimits:
             raise ValueError("masked_below_min must be a subset of stop_ids")
 
     @classmethod
-    def for_text(cls, num_text_tokens: int, cfg: LMConfig) -> "LengthLimits":
+    def for_text(cls, num_text_tokens: int, cfg: SpeechLMConfig) -> "LengthLimits":
         """Upstream's limits: ``int(n * 2)`` to ``int(n * 20)`` tokens for ``n`` target-text
-        tokens (the prompt text does not count); only eos is forbidden below the minimum."""
-        stops = cfg.stop_token_ids
+        tokens (the prompt text does not count); below the minimum only
+        ``cfg.ids_masked_below_min_len`` is forbidden."""
         return cls(
             min_tokens=int(num_text_tokens * cfg.min_token_text_ratio),
             max_tokens=int(num_text_tokens * cfg.max_token_text_ratio),
-            stop_ids=stops,
-            masked_below_min=stops[:1],
+            stop_ids=cfg.stop_token_ids,
+            masked_below_min=cfg.ids_masked_below_min_len,
         )
 
     @classmethod
-    def forced(cls, min_tokens: int, max_tokens: int, cfg: LMConfig) -> "LengthLimits":
-        """Explicit limits that no stop id can undercut (all three are forbidden below
+    def forced(cls, min_tokens: int, max_tokens: int, cfg: SpeechLMConfig) -> "LengthLimits":
+        """Explicit limits that no stop id can undercut (all are forbidden below
         ``min_tokens``); ``min_tokens == max_tokens`` fixes the length exactly."""
         stops = cfg.stop_token_ids
         return cls(min_tokens=min_tokens, max_tokens=max_tokens, stop_ids=stops, masked_below_min=stops)
@@ -115,7 +118,11 @@ def mask_ids(log_probs: torch.Tensor, masked: Sequence[tuple[int, ...]]) -> torc
 
 
 def ras_draw(
-    log_probs: torch.Tensor, windows: torch.Tensor, uniforms: torch.Tensor, cfg: SamplingConfig
+    log_probs: torch.Tensor,
+    windows: torch.Tensor,
+    uniforms: torch.Tensor,
+    cfg: SamplingConfig,
+    ban_repeat: bool = False,
 ) -> torch.Tensor:
     """Repetition-aware sampling of B rows with given uniforms (see the module docstring).
 
@@ -137,6 +144,8 @@ def ras_draw(
     fallback = repeats >= cfg.win_size * cfg.tau_r
     if not bool(fallback.any()):  # the draw from the whole distribution is rarely needed
         return tokens
+    if ban_repeat:
+        probs = probs.scatter(-1, tokens[:, None], 0.0)
     return torch.where(fallback, inverse_cdf(probs, uniforms[:, 1]), tokens)
 
 
@@ -180,6 +189,7 @@ def sample_tokens(
     generators: Sequence[torch.Generator],
     limits: Sequence[LengthLimits],
     cfg: SamplingConfig,
+    ban_repeat: bool = False,
 ) -> torch.Tensor:
     """Sample the next speech token of B requests at once.
 
@@ -194,7 +204,7 @@ def sample_tokens(
     w = cfg.win_size
     recent = [list(h[-w:]) for h in histories]
     windows = torch.tensor([r + [-1] * (w - len(r)) for r in recent]).to(log_probs.device)  # (B, win_size)
-    return ras_draw(scores, windows, draw_uniforms(generators, log_probs.device), cfg)
+    return ras_draw(scores, windows, draw_uniforms(generators, log_probs.device), cfg, ban_repeat)
 
 
 def sample_token(

@@ -11,6 +11,9 @@ instruct2      [sos] instruct<|endofprompt|>+text [task]     prompt tokens + mel
 sft            [sos] text [task]                             x-vector only
 vc             (no LM: the source audio's speech tokens)     prompt tokens + mel + x-vec
 =============  ===========================================  ===========================
+
+CosyVoice 3 adds its system prompt ahead of the text where no ``<|endofprompt|>`` is
+given (:mod:`cosyserve.pipeline.llm_prompt`).
 """
 
 import hashlib
@@ -23,11 +26,13 @@ from cosyserve.engine.loader import LoadedModel
 from cosyserve.engine.request import GenerationSpec, Segment
 from cosyserve.errors import InvalidRequestError
 from cosyserve.frontend.audio import AudioSource, PromptAudioLimits, load_prompt_audio
+from cosyserve.frontend.pronunciation import Pronunciations
 from cosyserve.frontend.text_normalizer import TextNormalizer
+from cosyserve.frontend.text_tokens import COSYVOICE3_SPECIAL_TOKENS, SPECIAL_TOKENS
+from cosyserve.modeldir.layout import Family
+from cosyserve.pipeline.llm_prompt import END_OF_PROMPT, instruction, split_text_prompt, system_prompt
 from cosyserve.pipeline.request import Mode, SynthesisRequest
 from cosyserve.pipeline.voice import VoicePrompt
-
-END_OF_PROMPT = "<|endofprompt|>"
 
 
 class UnknownSpeakerError(InvalidRequestError):
@@ -37,9 +42,18 @@ class UnknownSpeakerError(InvalidRequestError):
 class Frontend:
     """Text normalisation, tokenisation and prompt features for one loaded model."""
 
-    def __init__(self, model: LoadedModel, audio_limits: PromptAudioLimits | None = None) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        audio_limits: PromptAudioLimits | None = None,
+        pronunciations: Pronunciations | None = None,
+    ) -> None:
+        """``pronunciations``: words to say as the operator's dictionary says; replace the
+        attribute to reload it (requests that started keep what they read)."""
         self.model = model
-        self.normalizer = TextNormalizer()
+        self.pronunciations = pronunciations or Pronunciations.empty()
+        cosyvoice3 = model.model_dir.family is Family.COSYVOICE3
+        self.normalizer = TextNormalizer(COSYVOICE3_SPECIAL_TOKENS if cosyvoice3 else SPECIAL_TOKENS)
         self.audio_limits = audio_limits or PromptAudioLimits()
 
     # -- voices -----------------------------------------------------------------------------
@@ -80,6 +94,7 @@ class Frontend:
     def text_segments(self, text: str) -> list[tuple[int, ...]]:
         """Normalise and split ``text`` into sentences, as Qwen2 ids each."""
         tokenizer = self.model.tokenizer
+        text = self.pronunciations.apply(text)
         sentences = self.normalizer.normalize_and_split(text, token_count=lambda s: len(tokenizer.encode(s)))
         segments = [tuple(tokenizer.encode(s)) for s in sentences]
         segments = [s for s in segments if s]
@@ -96,13 +111,19 @@ class Frontend:
         assert voice is not None  # validate() guarantees it
         mode = request.mode
         self._check_speech_tokens(voice, request)
+        cosyvoice3 = self.model.model_dir.family is Family.COSYVOICE3
+        head: tuple[int, ...] = ()
         if mode is Mode.VC:
             assert request.source_speech_tokens is not None
             segments: tuple[Segment, ...] = (Segment(speech_tokens=request.source_speech_tokens),)
         elif request.speech_tokens is not None:
             segments = (Segment(speech_tokens=request.speech_tokens),)
         else:
-            segments = tuple(Segment(text_ids=ids) for ids in self.text_segments(request.text))
+            text = request.text
+            if cosyvoice3:
+                prompt = split_text_prompt(text)
+                head, text = self._encode(prompt.head), prompt.body
+            segments = tuple(Segment(text_ids=head + ids) for ids in self.text_segments(text))
         prefix: tuple[int, ...] = ()
         prompt_speech: tuple[int, ...] = ()
         if mode is Mode.ZERO_SHOT:
@@ -110,12 +131,9 @@ class Frontend:
             prompt_speech = tuple(int(t) for t in voice.speech_tokens.tolist())
         elif mode is Mode.INSTRUCT2:
             # Upstream does not normalise the instruction; the marker ends it.
-            instruct = (
-                request.instruct
-                if request.instruct.endswith(END_OF_PROMPT)
-                else request.instruct + END_OF_PROMPT
-            )
-            prefix = tuple(self.model.tokenizer.encode(instruct))
+            prefix = self._encode(instruction(request.instruct, cosyvoice3))
+        if cosyvoice3 and not head and not set(self._encode(END_OF_PROMPT)) <= set(prefix):
+            prefix = self._encode(system_prompt()) + prefix
         with_prompt = mode is not Mode.SFT
         opts = request.options
         return GenerationSpec(
@@ -133,6 +151,9 @@ class Frontend:
             min_tokens=opts.min_tokens,
             max_tokens=opts.max_tokens,
         )
+
+    def _encode(self, text: str) -> tuple[int, ...]:
+        return tuple(self.model.tokenizer.encode(text)) if text else ()
 
     def _check_speech_tokens(self, voice: VoicePrompt, request: SynthesisRequest) -> None:
         """Given speech tokens must be ids the flow knows (a stored voice or a caller's

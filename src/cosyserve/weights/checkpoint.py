@@ -36,6 +36,11 @@ class CheckpointTable:
     do not use because they are tied to another (for example Qwen2's ``lm_head``); they are
     written as the same tensor and accepted, not required, when reading.
     ``strip_prefix``: a prefix removed from every key when present (``generator.`` in hift.pt).
+    ``unfolded``: stems (``conv`` for ``conv.weight``) of weight-normalised tensors kept as
+    their (g, v) pair instead of folded, for a module that makes the weight itself (in
+    float64, say); their entries name the ``parametrizations`` form
+    (``conv.parametrizations.weight.original0`` / ``original1``), to which the older
+    ``weight_g`` / ``weight_v`` form is renamed when read.
     """
 
     file: str
@@ -43,6 +48,7 @@ class CheckpointTable:
     weight_norm: frozenset[str] = frozenset()
     aliases: tuple[tuple[str, str], ...] = ()
     strip_prefix: str = ""
+    unfolded: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         ckpt_keys = [c for c, _ in self.entries]
@@ -73,11 +79,14 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return dict(data)
 
 
-def fold_weight_norm(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def fold_weight_norm(
+    state: Mapping[str, torch.Tensor], keep: frozenset[str] = frozenset()
+) -> dict[str, torch.Tensor]:
     """Replace each (g, v) weight-norm pair, in either storage form, by ``weight = g * v / ||v||``.
 
     The norm runs over every dimension except the one along which ``g`` varies (dim 0 for
-    torch's default, so the norm of each output channel of a convolution).
+    torch's default, so the norm of each output channel of a convolution). Pairs whose stem
+    is in ``keep`` stay pairs, in the ``parametrizations`` form.
     """
     out = dict(state)
     release = PageReleaser()
@@ -86,6 +95,10 @@ def fold_weight_norm(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tenso
             stem = key[: -len(g_suffix)]
             v_key = stem + v_suffix
             if v_key not in state:
+                continue
+            if stem in keep:
+                kept_g, kept_v = _WN_FORMS[1]
+                out[stem + kept_g], out[stem + kept_v] = out.pop(key), out.pop(v_key)
                 continue
             g, v = out.pop(key), out.pop(v_key)
             out[stem + ".weight"] = _fold(g, v)
@@ -118,7 +131,7 @@ def load_checkpoint(module: nn.Module, path: Path, table: CheckpointTable) -> No
     state = read_state_dict(path)
     if table.strip_prefix:
         state = {k.removeprefix(table.strip_prefix): v for k, v in state.items()}
-    state = fold_weight_norm(state)
+    state = fold_weight_norm(state, keep=table.unfolded)
     expected = dict(table.entries)
     alias_keys = {a for a, _ in table.aliases}
     unexpected = sorted(set(state) - set(expected) - alias_keys)

@@ -39,13 +39,15 @@ class PreLookahead(nn.Module):
     the two previous ones (``conv2``), plus a residual.
 
     At the end of each row the look-ahead sees ``context`` (real future tokens, while
-    streaming) or zeros (when the utterance is finished)."""
+    streaming) or zeros (when the utterance is finished). ``hidden``: the width between
+    the two convolutions (CosyVoice 3 widens it), ``dim`` when None."""
 
-    def __init__(self, dim: int, lookahead: int) -> None:
+    def __init__(self, dim: int, lookahead: int, hidden: int | None = None) -> None:
         super().__init__()
+        width = dim if hidden is None else hidden
         self.lookahead = lookahead
-        self.conv1 = nn.Conv1d(dim, dim, kernel_size=lookahead + 1)
-        self.conv2 = nn.Conv1d(dim, dim, kernel_size=3)
+        self.conv1 = nn.Conv1d(dim, width, kernel_size=lookahead + 1)
+        self.conv2 = nn.Conv1d(width, dim, kernel_size=3)
 
     def forward(
         self, x: Tensor, lengths: Tensor, context: Tensor | None, states: LayerStates | None = None

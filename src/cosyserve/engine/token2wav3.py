@@ -1,0 +1,122 @@
+"""The token2wav side of a step for CosyVoice 3: the DiT flow (tokens -> mel) and the
+causal vocoder (mel -> waveform), chunk by chunk.
+
+Streaming follows upstream ``CosyVoice3Model``: intermediate chunks see chunk-causal
+attention and the look-ahead tokens, the final chunk full attention over every token.
+What upstream recomputes is kept instead, where that gives the same samples: the flow's
+keys and values of finished attention chunks (:class:`~cosyserve.models.dit.Flow3Stream`)
+and every convolution's context in the vocoder
+(:class:`~cosyserve.models.hift3.CausalHiFTStream`), so a stream's later chunks cost what
+its first one does. ``flow_cache`` chooses as for CosyVoice 2 (``docs/streaming.md``):
+``"exact"`` recomputes prompt + tokens for every chunk, as upstream; ``"cached"`` runs
+intermediate chunks incrementally and the final one as upstream (same output);
+``"incremental"`` runs the final chunk incrementally too, chunk-causally (cheapest; its
+last frames differ from upstream's).
+"""
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from cosyserve.engine.config import FLOW_CACHE_MODES, FlowCacheMode
+from cosyserve.engine.stats import EngineStats
+from cosyserve.engine.token2wav import ChunkWork, run_each
+from cosyserve.models.dit import Flow3, Flow3Stream
+from cosyserve.models.hift3 import CausalHiFTGenerator, CausalHiFTStream
+
+
+class Token2Wav3:
+    """Runs the ready chunks of several requests through CosyVoice 3's flow and vocoder.
+
+    Each chunk runs on its own (the flow takes one utterance a call); a chunk's failure is
+    its own request's. A request's randomness (the vocoder's noise table) comes from its
+    own generator."""
+
+    def __init__(
+        self, flow: Flow3, hift: CausalHiFTGenerator, stats: EngineStats, flow_cache: FlowCacheMode = "exact"
+    ) -> None:
+        if flow_cache not in FLOW_CACHE_MODES:
+            raise ValueError(f"flow_cache must be one of {FLOW_CACHE_MODES}, not {flow_cache!r}")
+        self.flow = flow
+        self.hift = hift
+        self.stats = stats
+        self.flow_cache = flow_cache
+        self._lookahead = flow.cfg.pre_lookahead_len
+
+    @torch.inference_mode()
+    def run(self, work: list[ChunkWork]) -> list[np.ndarray | Exception]:
+        """Per chunk, the samples (float32, mono) it adds to its request's audio, or the
+        error that failed it."""
+        return run_each(self._chunk, work)
+
+    def _chunk(self, item: ChunkWork) -> np.ndarray:
+        with self.stats.timed("flow"):
+            mel = self._mel(item)
+        self.stats.flow_calls += 1
+        self.stats.flow_rows += 1
+        with self.stats.timed("hift"):
+            wave = self._wave(item, mel)
+        self.stats.hift_calls += 1
+        self.stats.hift_rows += 1
+        audio: np.ndarray = wave[0].float().cpu().numpy()
+        self.stats.audio_samples += int(audio.size)
+        return audio
+
+    # -- flow ---------------------------------------------------------------------------------
+
+    def _mel(self, item: ChunkWork) -> Tensor:
+        """The chunk's new mel frames (1, 80, T) float32."""
+        spec, seg, chunk = item.request.spec, item.seg, item.chunk
+        device = self.flow.speaker_proj.weight.device
+        tokens = torch.tensor(seg.tokens[: chunk.token_end], dtype=torch.long, device=device)[None]
+        if not spec.stream or self.flow_cache == "exact":
+            streaming = spec.stream and not chunk.finalize
+            mel = self.flow.inference(
+                tokens,
+                spec.flow_prompt_tokens.to(device)[None],
+                spec.flow_prompt_mel.to(device)[None],
+                spec.embedding.to(device)[None],
+                streaming=streaming,
+                finalize=chunk.finalize,
+            )
+            return mel[:, :, chunk.offset * self.flow.cfg.token_mel_ratio :]
+        stream = seg.flow3
+        if stream is None:
+            stream = seg.flow3 = Flow3Stream(
+                self.flow,
+                spec.flow_prompt_tokens.to(device)[None],
+                spec.flow_prompt_mel.to(device)[None],
+                spec.embedding.to(device)[None],
+            )
+        done = stream.tokens.shape[1]
+        if not chunk.finalize:
+            split = chunk.token_end - self._lookahead
+            return stream.push(tokens[:, done:split], tokens[:, split:])
+        seg.flow3 = None  # the last chunk: its caches go with it
+        if self.flow_cache == "incremental":
+            return stream.push(tokens[:, done:], None)
+        return stream.finish(tokens[:, done:])
+
+    # -- vocoder ------------------------------------------------------------------------------
+
+    def _wave(self, item: ChunkWork, mel: Tensor) -> Tensor:
+        """The chunk's samples (1, L), clipped as upstream's."""
+        spec, seg, chunk = item.request.spec, item.seg, item.chunk
+        if not spec.stream:
+            if spec.speed != 1.0:
+                mel = F.interpolate(mel, size=int(mel.shape[2] / spec.speed), mode="linear")
+            wave, _ = self.hift.inference(mel, finalize=True, noise_seed=_noise_seed(item))
+            return wave
+        if seg.hift3 is None:
+            seg.hift3 = CausalHiFTStream(self.hift, noise_seed=_noise_seed(item))
+        wave = seg.hift3.push(mel, finalize=chunk.finalize)
+        if chunk.finalize:
+            seg.hift3 = None
+        return wave
+
+
+def _noise_seed(item: ChunkWork) -> int:
+    """The vocoder noise table of ``item``'s request: drawn from its own generator, so
+    that the same request seed gives the same audio."""
+    return int(torch.randint(0, 2**31 - 1, (1,), generator=item.request.vocoder_generator))

@@ -1,0 +1,77 @@
+"""Flow-matching sampler around the DiT (upstream ``CausalConditionalCFM`` as the CosyVoice 3
+flow calls it): Euler steps on a cosine time schedule from CosyVoice's fixed noise, with
+classifier-free guidance ``v = (1 + r) v_cond - r v_uncond`` (the unconditional row has
+``mu``, ``spks`` and ``cond`` zeroed).
+
+Frame ``i`` always starts from noise column ``i`` (:func:`~cosyserve.models.flow.cfm.fixed_noise`),
+so a stream may compute only the frames after those it has cached."""
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from cosyserve.errors import InvalidRequestError
+from cosyserve.modeldir.hparams import CFMConfig
+from cosyserve.models.dit.cache import StepCache
+from cosyserve.models.dit.dit import DiT
+from cosyserve.models.flow.cfm import fixed_noise
+
+
+def time_schedule(cfg: CFMConfig, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``(n_timesteps + 1,)`` from 0 to 1: linear, or cosine ``1 - cos(t π/2)``."""
+    t = torch.linspace(0, 1, cfg.n_timesteps + 1, device=device, dtype=dtype)
+    if cfg.t_scheduler == "cosine":
+        t = 1 - torch.cos(t * 0.5 * math.pi)
+    return t
+
+
+class DiTCFM(nn.Module):
+    """Integrates the DiT's velocity field from the fixed noise to mel frames."""
+
+    noise: Tensor
+
+    def __init__(self, cfg: CFMConfig, estimator: DiT, channels: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.estimator = estimator
+        # Not persistent: flow.pt does not carry it.
+        self.register_buffer("noise", fixed_noise(channels), persistent=False)
+
+    def forward(
+        self,
+        mu: Tensor,
+        spks: Tensor,
+        cond: Tensor,
+        streaming: bool,
+        caches: Sequence[StepCache] | None = None,
+    ) -> Tensor:
+        """``mu``, ``cond``: ``(1, 80, T)``; ``spks``: ``(1, 80)``. ``caches`` (streaming):
+        one per Euler step, all holding the same frames, which precede these. Returns
+        ``(1, 80, T)`` float32."""
+        frames = mu.shape[2]
+        start = 0 if caches is None else caches[0].length
+        if caches is not None and len(caches) != self.cfg.n_timesteps:
+            raise ValueError(f"{len(caches)} step caches for {self.cfg.n_timesteps} Euler steps")
+        if start + frames > self.noise.shape[2]:
+            raise InvalidRequestError(
+                f"flow input of {start + frames} mel frames exceeds the maximum of {self.noise.shape[2]}"
+            )
+        x = self.noise[:, :, start : start + frames].to(mu.dtype)  # (1, 80, T)
+        mu2 = torch.cat([mu, torch.zeros_like(mu)])  # (2, 80, T): conditional, unconditional
+        spks2 = torch.cat([spks, torch.zeros_like(spks)])
+        cond2 = torch.cat([cond, torch.zeros_like(cond)])
+        rate = self.cfg.inference_cfg_rate
+        t_span = time_schedule(self.cfg, mu.device, mu.dtype)
+        # Upstream advances t by dt and takes the next dt from that running t: the same
+        # recurrence keeps t's float rounding identical.
+        t, dt = t_span[0], t_span[1] - t_span[0]
+        for step in range(1, len(t_span)):
+            cache = None if caches is None else caches[step - 1]
+            velocity = self.estimator(torch.cat([x, x]), mu2, cond2, spks2, t.expand(2), streaming, cache)
+            x = x + dt * ((1.0 + rate) * velocity[:1] - rate * velocity[1:])
+            t = t + dt
+            if step < len(t_span) - 1:
+                dt = t_span[step + 1] - t
+        return x.float()

@@ -1,0 +1,98 @@
+"""Incremental streaming through the CosyVoice 3 flow: each push runs the DiT on the frames
+after the last complete attention chunk only, attending to cached keys/values of the
+frames before.
+
+Why the cached frames are final: a frame's token features (``mu``) depend on its token,
+the two before and the ``pre_lookahead_len`` after (the pre-look-ahead convolutions). While
+streaming those later tokens are the real look-ahead tokens, so ``mu`` of every frame a
+push computes is what any later call computes too (only an utterance's very last frames,
+computed with zeros after them at ``finalize``, differ, and nothing follows them). The
+noise of frame ``i`` is fixed, the positional convolutions are causal and attention is
+chunk-causal: so at every Euler step the state of a frame in a complete chunk depends on
+earlier frames only, and never changes. The frames of the last, incomplete chunk do change
+when more frames join their chunk: a push recomputes them (it returns only frames not
+returned before, as upstream's ``token_offset`` slicing does).
+"""
+
+import torch
+from torch import Tensor
+
+from cosyserve.models.dit.cache import StepCache
+from cosyserve.models.dit.flow3 import Flow3
+
+
+class Flow3Stream:
+    """One utterance's incremental flow state.
+
+    Equivalent, push by push, to upstream's ``token2wav`` calls
+    ``flow.inference(all tokens so far + look-ahead, streaming=True, finalize=False)`` with
+    the mel kept after the frames already returned. The final call is :meth:`finish`.
+    """
+
+    def __init__(self, flow: Flow3, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor) -> None:
+        """``prompt_token``: ``(1, P)``; ``prompt_feat``: ``(1, F, 80)``; ``embedding``:
+        ``(1, spk_embed_dim)``."""
+        self.flow = flow
+        dtype = next(flow.parameters()).dtype
+        self.prompt_token = prompt_token
+        self.prompt_feat = prompt_feat.to(dtype)
+        self.embedding = embedding.to(dtype)
+        self.tokens = prompt_token[:, :0]  # generated tokens with frames so far
+        with torch.inference_mode():
+            self.spks = flow.speaker(self.embedding)  # (1, 80)
+        self.caches = [StepCache(flow.cfg.dit.depth) for _ in range(flow.cfg.cfm.n_timesteps)]
+        self.returned = prompt_feat.shape[1]  # frames returned so far, the prompt's included
+        self.finished = False
+
+    @property
+    def cached_frames(self) -> int:
+        """Frames (prompt included) whose keys/values are cached: whole attention chunks."""
+        return self.caches[0].length
+
+    @torch.inference_mode()
+    def push(self, tokens: Tensor, lookahead: Tensor | None) -> Tensor:
+        """Append ``tokens`` ``(1, n)``, which look ahead to ``lookahead`` ``(1,
+        pre_lookahead_len)`` (the next tokens), or to zeros when None (the utterance ends
+        here, chunk-causal to the last frame). Returns the new mel ``(1, 80, T)`` float32:
+        the frames after those returned before, up to the end of ``tokens``."""
+        if self.finished:
+            raise RuntimeError("the stream is finished")
+        if lookahead is not None and lookahead.shape[1] != self.flow.cfg.pre_lookahead_len:
+            raise ValueError(
+                f"{lookahead.shape[1]} look-ahead tokens, need {self.flow.cfg.pre_lookahead_len}"
+            )
+        generated = torch.cat([self.tokens, tokens], dim=1)
+        mu = self.flow.token_features(torch.cat([self.prompt_token, generated], dim=1), lookahead)
+        end, start = mu.shape[2], self.cached_frames
+        cond = self.flow.conditions(self.prompt_feat, end)[:, :, start:]
+        # (1, 80, end - start): the frames after the cached ones.
+        mel: Tensor = self.flow.cfm(mu[:, :, start:], self.spks, cond, True, self.caches)
+        if lookahead is None:
+            self.finished = True
+            committed = 0
+        else:
+            chunk = self.flow.cfg.dit.static_chunk_size
+            committed = end - end % chunk - start
+        for cache in self.caches:
+            cache.commit(committed)
+        new = mel[:, :, self.returned - start :]
+        self.tokens, self.returned = generated, end
+        return new
+
+    @torch.inference_mode()
+    def finish(self, tokens: Tensor) -> Tensor:
+        """The last call as upstream's ``CosyVoice3Model.tts`` makes it: append the last
+        ``tokens`` ``(1, n)`` and run the whole utterance again without streaming (full
+        attention, no look-ahead), so no cache helps. Returns the mel ``(1, 80, T)`` of
+        the frames not returned before. (:meth:`push` with ``lookahead=None`` finishes
+        chunk-causally and incrementally instead.)"""
+        if self.finished:
+            raise RuntimeError("the stream is finished")
+        self.finished = True
+        self.tokens = torch.cat([self.tokens, tokens], dim=1)
+        mel: Tensor = self.flow.inference(
+            self.tokens, self.prompt_token, self.prompt_feat, self.embedding, False, True
+        )
+        start = self.returned - self.prompt_feat.shape[1]
+        self.returned = self.prompt_feat.shape[1] + mel.shape[2]
+        return mel[:, :, start:]

@@ -1,0 +1,126 @@
+"""The engine on a CosyVoice 3 model: batched requests equal requests alone, the streamed
+chunks are the flow's and the vocoder's own output, and the incremental stream caches
+change nothing against recomputing every chunk as upstream does."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cosyserve.accel.machine import Machine
+from cosyserve.accel.plan import Choices, choose_plan
+from cosyserve.accel.precision_choices import FlowQuantization, Profile
+from cosyserve.bench.engine_runs import make_engine, mixed_specs, run_alone, run_together, voices
+from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids
+from cosyserve.engine.loader import LoadedModel, load_model
+from cosyserve.engine.request import GenerationSpec, generators_for
+from cosyserve.engine.token2wav3 import Token2Wav3
+from cosyserve.models.dit import Flow3
+from cosyserve.models.hift3 import CausalHiFTGenerator
+from cosyserve.models.lm3 import CosyVoice3LM
+from tests.engine.helpers import assert_same
+
+
+@pytest.fixture(scope="module")
+def model3(tiny3_model_dir: Path) -> LoadedModel:
+    return load_model(tiny3_model_dir)
+
+
+def test_a_cosyvoice3_directory_loads_its_own_modules(model3: LoadedModel) -> None:
+    assert isinstance(model3.lm, CosyVoice3LM)
+    assert isinstance(model3.flow, Flow3)
+    assert isinstance(model3.hift, CausalHiFTGenerator)
+    assert model3.features.speech_tokenizer is not None
+    engine = make_engine(model3)
+    assert isinstance(engine.token2wav, Token2Wav3)
+    assert engine.flow_prompt_cache is None
+
+
+def test_requests_together_equal_requests_alone(model3: LoadedModel) -> None:
+    specs = mixed_specs(model3, count=6)
+    reference = run_alone(model3, specs, flow_cache="cached")
+    together = run_together(make_engine(model3, max_active=4, flow_cache="cached"), specs)
+    assert_same(together, reference, [s.request_id for s in specs])
+
+
+def _stream_spec(model: LoadedModel, tokens: int, first_hop: int | None = None) -> GenerationSpec:
+    voice = voices(model, 1)[0]
+    return synthetic_spec(
+        "s",
+        voice,
+        synthetic_text_ids(model.hparams, tokens, seed=3),
+        tokens=tokens,
+        seed=11,
+        stream=True,
+        first_hop=first_hop,
+    )
+
+
+@pytest.mark.parametrize("first_hop", [None, 8])
+def test_cached_streams_equal_upstreams_recomputed_chunks(model3: LoadedModel, first_hop: int | None) -> None:
+    """``cached`` keeps the flow's attention states and the vocoder's contexts between
+    chunks; ``exact`` recomputes prompt and tokens for every chunk, as upstream. Same audio,
+    chunk by chunk; ``incremental`` differs in its last chunk only."""
+    spec = _stream_spec(model3, 140, first_hop)
+    runs = {
+        mode: run_alone(model3, [spec], flow_cache=mode)["s"] for mode in ("exact", "cached", "incremental")
+    }
+    exact, cached, incremental = runs["exact"], runs["cached"], runs["incremental"]
+    assert len(exact.chunks) >= 3
+    assert [c.size for c in cached.chunks] == [c.size for c in exact.chunks]
+    for ours, theirs in zip(cached.chunks, exact.chunks, strict=True):
+        assert float(np.abs(ours - theirs).max()) <= 1e-4
+    assert [c.size for c in incremental.chunks] == [c.size for c in exact.chunks]
+    for ours, theirs in zip(incremental.chunks[:-1], exact.chunks[:-1], strict=True):
+        assert float(np.abs(ours - theirs).max()) <= 1e-4
+    assert float(np.abs(incremental.chunks[-1] - exact.chunks[-1]).max()) > 1e-4
+
+
+def test_non_streaming_audio_is_the_flow_and_vocoder_of_the_tokens(model3: LoadedModel) -> None:
+    voice = voices(model3, 1)[0]
+    spec = synthetic_spec("n", voice, synthetic_text_ids(model3.hparams, 40, seed=5), tokens=40, seed=2)
+    result = run_alone(model3, [spec])["n"]
+    assert result.tokens is not None and len(result.tokens) == 40
+    flow, hift = model3.flow, model3.hift
+    assert isinstance(flow, Flow3) and isinstance(hift, CausalHiFTGenerator)
+    with torch.inference_mode():
+        mel = flow.inference(
+            torch.tensor(result.tokens)[None],
+            voice.speech_tokens[None],
+            voice.mel[None],
+            voice.embedding[None],
+            streaming=False,
+            finalize=True,
+        )
+        # The vocoder's noise table comes from the request's own vocoder generator.
+        noise_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generators_for(spec.seed)[1]))
+        wave, _ = hift.inference(mel, finalize=True, noise_seed=noise_seed)
+    assert mel.shape[2] == 80
+    assert result.audio.size == 80 * hift.cfg.upsample_factor
+    assert float(np.abs(result.audio - wave[0].numpy()).max()) <= 1e-5
+
+
+def test_the_plan_shows_what_a_cosyvoice3_flow_runs(tiny3_model_dir: Path) -> None:
+    """CosyVoice 2's flow variants do not exist for the DiT: a fast plan that picks them
+    for this machine reads, once the model is known, as what actually runs."""
+    plan = choose_plan(Machine.detect(), Profile.FAST, Choices(flow_quantize=FlowQuantization.FP16))
+    model = load_model(tiny3_model_dir, plan)
+    assert model.plan.precision.flow_quantize is FlowQuantization.NONE
+    assert not (model.plan.traced_flow or model.plan.packed_bf16 or model.plan.flow_prompt_whole)
+    assert model.plan.precision.quantize is plan.precision.quantize  # the LM's choices stay
+    assert "with fp16 weights" not in model.plan.precision.describe()
+
+
+def test_long_silences_are_cut_for_the_flow_as_upstream(model3: LoadedModel) -> None:
+    """Upstream's CosyVoice 3 ``llm_job`` passes at most 5 silent tokens in a row to the
+    flow; the LM still reads back every token it sampled."""
+    cfg = model3.lm.cfg
+    assert cfg.max_silent_run == 5
+    silent = frozenset(cfg.silent_tokens)
+    seg = make_engine(model3)._segment_state(_stream_spec(model3, 10), 0)
+    sampled = [1, 2, 28, 29, 55, 248, 494, 7, 2241, 9]
+    for token in sampled:
+        seg.keep_token(token, silent, cfg.max_silent_run)
+    assert seg.history == sampled
+    assert seg.tokens == [1, 2, 28, 29, 55, 7, 2241, 9]
