@@ -11,6 +11,7 @@ from cosyserve.errors import ModelDirError
 
 MODEL_DIR_ENV = "COSYSERVE_MODEL_DIR"
 DEFAULT_MODEL_NAME = "CosyVoice2-0.5B"
+COSYVOICE3_MODEL_NAME = "Fun-CosyVoice3-0.5B-2512"
 
 
 def cache_dir() -> Path:
@@ -28,6 +29,11 @@ def default_model_dir() -> Path:
     if configured:
         return Path(configured).expanduser()
     return cache_dir() / "models" / DEFAULT_MODEL_NAME
+
+
+def cached_model_dir(name: str) -> Path:
+    """``<cache_dir>/models/<name>``: where ``download`` puts a model no setting names."""
+    return cache_dir() / "models" / name
 
 
 def require_model_dir(path: Path) -> Path:

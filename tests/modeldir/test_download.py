@@ -27,11 +27,12 @@ from cosyserve.modeldir.layout import (
     QWEN_DIR,
     SPEECH_TOKENIZER_FILE,
     YAML_FILE,
+    Family,
 )
 from cosyserve.modeldir.manifest import check_manifest, read_manifest, sha256_file
 from tests.modeldir.fake_hub import COMMIT, HubState, fake_hub
 
-REPO = REPOS[Source.HUGGINGFACE]
+REPO = REPOS[Family.COSYVOICE2, Source.HUGGINGFACE]
 USED = {
     LLM_FILE: 25 << 20,
     FLOW_FILE: 300_000,
@@ -155,3 +156,24 @@ def test_download_command(hub: tuple[str, HubState], tmp_path: Path, monkeypatch
     hub[1].fail.add(LLM_FILE)
     failed = CliRunner().invoke(app, ["download", "--dir", str(tmp_path / "other"), "--endpoint", hub[0]])
     assert failed.exit_code == 2 and failed.stderr.splitlines()[-1].startswith("error: download from ")
+
+
+def test_cosyvoice3_snapshot_with_its_rl_lm(tmp_path: Path) -> None:
+    """Fun-CosyVoice3-0.5B-2512: its own yaml and speech tokenizer, and the RL-tuned LM."""
+    root = tmp_path / "repo3"
+    used = {
+        name: size
+        for name, size in USED.items()
+        if name not in (YAML_FILE, SPEECH_TOKENIZER_FILE)
+    } | {"cosyvoice3.yaml": 2_000, "speech_tokenizer_v3.onnx": 120_000, "llm.rl.pt": 1 << 20}
+    files = {}
+    for name, size in {**used, **UNUSED}.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(size))
+        files[name] = path
+    with fake_hub(REPOS[Family.COSYVOICE3, Source.HUGGINGFACE], files) as served:
+        target = tmp_path / "model3"
+        result = fetch(served, target, family="cosyvoice3")
+    assert set(read_manifest(target)) == set(used)
+    assert result.repo == "FunAudioLLM/Fun-CosyVoice3-0.5B-2512"  # type: ignore[attr-defined]

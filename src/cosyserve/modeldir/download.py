@@ -1,8 +1,10 @@
-"""Fetch the official CosyVoice2-0.5B weights and write the directory's manifest.
+"""Fetch the official weights (CosyVoice2-0.5B or Fun-CosyVoice3-0.5B-2512) and write the
+directory's manifest.
 
 From the Hugging Face Hub (``huggingface_hub``; ``endpoint`` or ``HF_ENDPOINT`` selects a
 mirror) or ModelScope (``modelscope``): both are the optional ``download`` extra. By
-default only the files cosyserve loads are fetched (about 3.3 GB); ``everything`` takes
+default only the files cosyserve loads are fetched (about 3.3 GB for CosyVoice 2; CosyVoice
+3's RL-tuned LM, ``llm.rl.pt``, where the snapshot has it, too); ``everything`` takes
 the whole snapshot (the unused Qwen weights, JIT and TensorRT exports, assets).
 
 Resumable: a transfer cut off mid-file resumes with a Range request (up to five times);
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cosyserve.errors import CosyserveError
-from cosyserve.modeldir.layout import QWEN_DIR, ModelDir
+from cosyserve.modeldir.layout import LLM_RL_FILE, QWEN_DIR, SPK2INFO_FILE, Family, ModelDir
 from cosyserve.modeldir.manifest import hash_files, listed_files, write_manifest
 
 if TYPE_CHECKING:
@@ -39,18 +41,20 @@ class Source(StrEnum):
     MODELSCOPE = "modelscope"
 
 
-REPOS = {Source.HUGGINGFACE: "FunAudioLLM/CosyVoice2-0.5B", Source.MODELSCOPE: "iic/CosyVoice2-0.5B"}
-# What cosyserve reads. The Qwen weights are not: llm.pt overwrites every one of them.
-WANTED = (
-    "cosyvoice2.yaml",
-    "llm.pt",
-    "flow.pt",
-    "hift.pt",
-    "campplus.onnx",
-    "speech_tokenizer_v2.onnx",
-    "spk2info.pt",
-    f"{QWEN_DIR}/*",
-)
+REPOS = {
+    (Family.COSYVOICE2, Source.HUGGINGFACE): "FunAudioLLM/CosyVoice2-0.5B",
+    (Family.COSYVOICE2, Source.MODELSCOPE): "iic/CosyVoice2-0.5B",
+    (Family.COSYVOICE3, Source.HUGGINGFACE): "FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
+    (Family.COSYVOICE3, Source.MODELSCOPE): "FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
+}
+
+
+def wanted(family: Family) -> tuple[str, ...]:
+    """What cosyserve reads of ``family``'s snapshot. The Qwen weights are not: llm.pt
+    overwrites every one of them."""
+    rl = (LLM_RL_FILE,) if family is Family.COSYVOICE3 else ()
+    return (*family.required_files, *rl, SPK2INFO_FILE, f"{QWEN_DIR}/*")
+
 SKIPPED = (f"{QWEN_DIR}/model.safetensors",)
 _INSTALL = "pip install 'cosyserve[download]'"
 _BLOCK = 1 << 20
@@ -64,11 +68,13 @@ class DownloadError(CosyserveError):
 
 @dataclass(frozen=True)
 class DownloadResult:
-    """``commit``: the snapshot's revision (None where the source does not say).
+    """``repo``: where it came from; ``commit``: the snapshot's revision (None where the
+    source does not say).
     ``local_only``: files in the directory that are not part of the snapshot (listed in
     the manifest as they are)."""
 
     directory: Path
+    repo: str
     commit: str | None
     files: int
     total_bytes: int
@@ -79,6 +85,7 @@ def download(
     target: Path,
     source: Source | str = Source.HUGGINGFACE,
     *,
+    family: Family | str = Family.COSYVOICE2,
     revision: str | None = None,
     endpoint: str | None = None,
     everything: bool = False,
@@ -90,25 +97,29 @@ def download(
     ``hf_cache_dir``: huggingface_hub's cache, from which files already there are copied
     instead of downloaded (default: huggingface_hub's own). Raises :class:`DownloadError`.
     """
-    source = Source(source)
+    source, family = Source(source), Family(family)
+    repo = REPOS[family, source]
     target.mkdir(parents=True, exist_ok=True)
-    allow, ignore = (None, None) if everything else (list(WANTED), list(SKIPPED))
+    allow, ignore = (None, None) if everything else (list(wanted(family)), list(SKIPPED))
     known: dict[str, str] = {}
     commit = None
     if source is Source.HUGGINGFACE:
         commit, known = _from_huggingface(
-            target, revision, endpoint, allow, ignore, hf_cache_dir, max_workers
+            repo, target, revision, endpoint, allow, ignore, hf_cache_dir, max_workers
         )
     else:
-        _from_modelscope(target, revision, allow, ignore)
+        _from_modelscope(repo, target, revision, allow, ignore)
     try:
-        ModelDir.open(target)
+        got = ModelDir.open(target).family
     except CosyserveError as exc:
         raise DownloadError(f"the downloaded snapshot is not usable: {exc}") from None
+    if got is not family:
+        raise DownloadError(f"{target} holds a {got.official_name} directory, not {family.official_name}")
     write_manifest(target, known)
     names = listed_files(target)
     return DownloadResult(
         directory=target,
+        repo=repo,
         commit=commit,
         files=len(names),
         total_bytes=sum((target / name).stat().st_size for name in names),
@@ -117,6 +128,7 @@ def download(
 
 
 def _from_huggingface(
+    repo: str,
     target: Path,
     revision: str | None,
     endpoint: str | None,
@@ -134,7 +146,6 @@ def _from_huggingface(
         raise DownloadError(
             f"downloading from the Hugging Face Hub needs huggingface_hub: {_INSTALL}"
         ) from None
-    repo = REPOS[Source.HUGGINGFACE]
     try:
         api = huggingface_hub.HfApi(endpoint=endpoint)
         commit = api.model_info(repo, revision=revision).sha
@@ -165,13 +176,12 @@ def _from_huggingface(
 
 
 def _from_modelscope(
-    target: Path, revision: str | None, allow: list[str] | None, ignore: list[str] | None
+    repo: str, target: Path, revision: str | None, allow: list[str] | None, ignore: list[str] | None
 ) -> None:
     try:
         modelscope = importlib.import_module("modelscope")
     except ImportError:
         raise DownloadError(f"downloading from ModelScope needs modelscope: {_INSTALL}") from None
-    repo = REPOS[Source.MODELSCOPE]
     try:
         # modelscope checks each file's sha256 against its hub while downloading.
         modelscope.snapshot_download(
