@@ -124,3 +124,13 @@ def test_long_silences_are_cut_for_the_flow_as_upstream(model3: LoadedModel) -> 
         seg.keep_token(token, silent, cfg.max_silent_run)
     assert seg.history == sampled
     assert seg.tokens == [1, 2, 28, 29, 55, 7, 2241, 9]
+
+
+def test_a_stream_whose_cache_does_not_fit_recomputes_as_upstream(model3: LoadedModel) -> None:
+    spec = _stream_spec(model3, 90)
+    exact = run_alone(model3, [spec], flow_cache="exact")["s"]
+    engine = make_engine(model3, max_active=1, flow_cache="cached", flow_stream_cache_mb=1)
+    refused = run_together(engine, [spec])["s"]
+    assert engine.stats.flow_cache_refusals == 1
+    assert [c.size for c in refused.chunks] == [c.size for c in exact.chunks]
+    assert float(np.abs(refused.audio - exact.audio).max()) <= 1e-5

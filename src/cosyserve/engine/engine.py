@@ -27,7 +27,7 @@ from cosyserve.engine.request import (
 from cosyserve.engine.scheduler import Scheduler
 from cosyserve.engine.stats import EngineStats
 from cosyserve.engine.token2wav import ChunkWork, Token2Wav
-from cosyserve.engine.token2wav3 import Token2Wav3
+from cosyserve.engine.token2wav3 import DEFAULT_CACHE_BUDGET_MB, Token2Wav3
 from cosyserve.errors import CosyserveError, InvalidRequestError
 from cosyserve.logging_setup import request_scope
 from cosyserve.models.dit import Flow3
@@ -111,7 +111,10 @@ class Engine:
         if isinstance(flow, Flow3):
             if not isinstance(hift, CausalHiFTGenerator):
                 raise TypeError("CosyVoice 3's flow needs its causal vocoder")
-            self.token2wav = Token2Wav3(flow, hift, self.stats, config.flow_cache)
+            budget = config.flow_stream_cache_mb or DEFAULT_CACHE_BUDGET_MB
+            self.token2wav = Token2Wav3(
+                flow, hift, self.stats, config.flow_cache, budget << 20, self._flow_reserved
+            )
             self._hop = flow.cfg.dit.static_chunk_size // flow.cfg.token_mel_ratio
         else:
             if not isinstance(hift, HiFTGenerator):

@@ -12,7 +12,17 @@ its first one does. ``flow_cache`` chooses as for CosyVoice 2 (``docs/streaming.
 intermediate chunks incrementally and the final one as upstream (same output);
 ``"incremental"`` runs the final chunk incrementally too, chunk-causally (cheapest; its
 last frames differ from upstream's).
+
+The flow's stream caches are large (keys and values of 22 layers x 10 Euler steps x 2
+guidance rows: 3.6 MB per mel frame in float32 on the released model, so 1.6 GB for a
+3 s prompt and 6 s of speech), so they share a budget, ``cache_budget`` bytes
+(:data:`DEFAULT_CACHE_BUDGET_MB` unless the engine's ``flow_stream_cache_mb`` says
+otherwise): a stream whose cache does not fit beside the others' recomputes its chunks as
+``"exact"`` does, with upstream's cost and memory.
 """
+
+import logging
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -22,8 +32,14 @@ from torch import Tensor
 from cosyserve.engine.config import FLOW_CACHE_MODES, FlowCacheMode
 from cosyserve.engine.stats import EngineStats
 from cosyserve.engine.token2wav import ChunkWork, run_each
-from cosyserve.models.dit import Flow3, Flow3Stream
+from cosyserve.models.dit import Flow3, Flow3Stream, stream_cache_bytes
 from cosyserve.models.hift3 import CausalHiFTGenerator, CausalHiFTStream
+
+logger = logging.getLogger(__name__)
+
+
+# Four 6 s streams with 3 s prompts in float32 on the released model.
+DEFAULT_CACHE_BUDGET_MB = 6 * 1024
 
 
 class Token2Wav3:
@@ -34,14 +50,26 @@ class Token2Wav3:
     own generator."""
 
     def __init__(
-        self, flow: Flow3, hift: CausalHiFTGenerator, stats: EngineStats, flow_cache: FlowCacheMode = "exact"
+        self,
+        flow: Flow3,
+        hift: CausalHiFTGenerator,
+        stats: EngineStats,
+        flow_cache: FlowCacheMode = "exact",
+        cache_budget: int = DEFAULT_CACHE_BUDGET_MB << 20,
+        reserved_bytes: Callable[[], int] = lambda: 0,
     ) -> None:
+        """``reserved_bytes``: what the running streams' caches have reserved (the engine
+        sums its segments' ``flow_reserved``)."""
         if flow_cache not in FLOW_CACHE_MODES:
             raise ValueError(f"flow_cache must be one of {FLOW_CACHE_MODES}, not {flow_cache!r}")
+        if cache_budget < 0:
+            raise ValueError("the stream cache budget must not be negative")
         self.flow = flow
         self.hift = hift
         self.stats = stats
         self.flow_cache = flow_cache
+        self.cache_budget = cache_budget
+        self.reserved_bytes = reserved_bytes
         self._lookahead = flow.cfg.pre_lookahead_len
 
     @torch.inference_mode()
@@ -70,7 +98,12 @@ class Token2Wav3:
         spec, seg, chunk = item.request.spec, item.seg, item.chunk
         device = self.flow.speaker_proj.weight.device
         tokens = torch.tensor(seg.tokens[: chunk.token_end], dtype=torch.long, device=device)[None]
-        if not spec.stream or self.flow_cache == "exact":
+        incremental = (
+            spec.stream
+            and self.flow_cache != "exact"
+            and (seg.flow3 is not None or (not chunk.finalize and self._reserve(item)))
+        )
+        if not incremental:
             streaming = spec.stream and not chunk.finalize
             mel = self.flow.inference(
                 tokens,
@@ -88,15 +121,43 @@ class Token2Wav3:
                 spec.flow_prompt_tokens.to(device)[None],
                 spec.flow_prompt_mel.to(device)[None],
                 spec.embedding.to(device)[None],
+                frames=self._stream_frames(item),
             )
         done = stream.tokens.shape[1]
         if not chunk.finalize:
             split = chunk.token_end - self._lookahead
             return stream.push(tokens[:, done:split], tokens[:, split:])
         seg.flow3 = None  # the last chunk: its caches go with it
+        seg.flow_reserved = 0
         if self.flow_cache == "incremental":
             return stream.push(tokens[:, done:], None)
         return stream.finish(tokens[:, done:])
+
+    def _reserve(self, item: ChunkWork) -> bool:
+        """Whether ``item``'s stream gets a cache: it fits the budget beside the others'
+        (then it is reserved for the longest the segment can get), or recomputes every chunk."""
+        seg = item.seg
+        if seg.flow_exact:
+            return False
+        need = stream_cache_bytes(self.flow, self._stream_frames(item))
+        if self.cache_budget and self.reserved_bytes() + need > self.cache_budget:
+            seg.flow_exact = True
+            self.stats.flow_cache_refusals += 1
+            logger.info(
+                "request %s: its flow stream cache (%d MiB) does not fit the budget; recomputing each chunk",
+                item.request.spec.log_id or item.request.id,
+                need >> 20,
+            )
+            return False
+        seg.flow_reserved = need
+        return True
+
+    def _stream_frames(self, item: ChunkWork) -> int:
+        """The most mel frames ``item``'s stream can reach: its prompt's and its longest output's."""
+        seg = item.seg
+        longest = seg.limits.max_tokens if seg.limits is not None else len(seg.tokens)
+        tokens = int(item.request.spec.flow_prompt_tokens.numel()) + longest
+        return tokens * self.flow.cfg.token_mel_ratio
 
     # -- vocoder ------------------------------------------------------------------------------
 

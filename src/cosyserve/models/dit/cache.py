@@ -28,8 +28,10 @@ class StepCache:
     are ``(R, D, kernel - 1)``, zeros before the first frame as the causal convolutions
     pad."""
 
-    def __init__(self, depth: int) -> None:
+    def __init__(self, depth: int, capacity: int = MIN_CAPACITY) -> None:
+        """``capacity``: frames the buffers are first made for (more grow them)."""
         self.length = 0
+        self.capacity = max(MIN_CAPACITY, capacity)
         self.keys: list[Tensor | None] = [None] * depth
         self.values: list[Tensor | None] = [None] * depth
         self.tails: dict[str, Tensor] = {}
@@ -51,7 +53,7 @@ class StepCache:
         ``end`` frames."""
         if buffer is not None and buffer.shape[2] >= end:
             return buffer
-        capacity = max(MIN_CAPACITY, end, 0 if buffer is None else 2 * buffer.shape[2])
+        capacity = max(self.capacity, end, 0 if buffer is None else 2 * buffer.shape[2])
         grown = new.new_empty(new.shape[0], new.shape[1], capacity, new.shape[3])
         if buffer is not None:
             grown[:, :, : self.length] = buffer[:, :, : self.length]

@@ -29,9 +29,13 @@ class Flow3Stream:
     the mel kept after the frames already returned. The final call is :meth:`finish`.
     """
 
-    def __init__(self, flow: Flow3, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor) -> None:
+    def __init__(
+        self, flow: Flow3, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor, frames: int = 0
+    ) -> None:
         """``prompt_token``: ``(1, P)``; ``prompt_feat``: ``(1, F, 80)``; ``embedding``:
-        ``(1, spk_embed_dim)``."""
+        ``(1, spk_embed_dim)``; ``frames``: the most frames (prompt included) the stream
+        is expected to reach, which its caches are made for at once (0: grown as needed).
+        On a CPU the pages of unreached frames are never written and cost no memory."""
         self.flow = flow
         dtype = next(flow.parameters()).dtype
         self.prompt_token = prompt_token
@@ -40,7 +44,7 @@ class Flow3Stream:
         self.tokens = prompt_token[:, :0]  # generated tokens with frames so far
         with torch.inference_mode():
             self.spks = flow.speaker(self.embedding)  # (1, 80)
-        self.caches = [StepCache(flow.cfg.dit.depth) for _ in range(flow.cfg.cfm.n_timesteps)]
+        self.caches = [StepCache(flow.cfg.dit.depth, frames) for _ in range(flow.cfg.cfm.n_timesteps)]
         self.returned = prompt_feat.shape[1]  # frames returned so far, the prompt's included
         self.finished = False
 
@@ -96,3 +100,13 @@ class Flow3Stream:
         start = self.returned - self.prompt_feat.shape[1]
         self.returned = self.prompt_feat.shape[1] + mel.shape[2]
         return mel[:, :, start:]
+
+
+def stream_cache_bytes(flow: Flow3, frames: int) -> int:
+    """The memory a stream's caches hold at ``frames`` frames: keys and values of both
+    guidance rows, every layer and Euler step, in the flow's dtype (convolution tails
+    aside: a few frames each)."""
+    cfg = flow.cfg
+    itemsize = next(flow.parameters()).element_size()
+    per_frame = 2 * 2 * cfg.dit.heads * cfg.dit.dim_head * cfg.dit.depth * cfg.cfm.n_timesteps * itemsize
+    return frames * per_frame
