@@ -1,15 +1,25 @@
-"""cosyserve's engine against upstream's ``CosyVoice2Model`` on the same model directory.
+"""cosyserve's engine against upstream's whole model on the same model directory: its
+``CosyVoice2Model`` for a CosyVoice 2 directory, its ``CosyVoice3Model`` for a CosyVoice 3
+one (the family is the directory's, as ``cosyserve serve`` detects it).
 
-One command (docs/performance.md has the full-size one and its results):
+One command per family (docs/performance.md has the full-size one and its results):
 
     .venv/bin/python benchmarks/upstream_engine.py --model-dir DIR [--tokens 150] [--streams 8]
         [--prompt-seconds 3] [--profile auto] [--json out.json]
+    COSYVOICE3_UPSTREAM=/tmp/upstream COSYVOICE3_SITE=/tmp/upv3-site \\
+        .venv/bin/python benchmarks/upstream_engine.py --model-dir DIR3 [the same options]
+
+(CosyVoice 3's upstream is a checkout of FunAudioLLM/CosyVoice at ace7c47 and the folder of
+its extra packages, which ``tests/upstream3.py`` reads from those two variables; without
+them the script stops and names them, unless ``--sides ours``.)
 
 Both sides get the same synthetic zero-shot prompt (``--prompt-seconds`` of random prompt
-tokens, mel and embedding, and a transcript), the same text ids and exactly ``--tokens``
-speech tokens per request (upstream forced as upstream-cpu-baseline.md describes: min_len =
-max_len = N with all three stop ids masked). Each side runs in its own subprocess, so its
-peak RSS is its own. The two processes take turns (``--interleave``, the default;
+tokens, mel and embedding, and a transcript; for CosyVoice 3, our frontend's system prompt
+ending in ``<|endofprompt|>`` ahead of the transcript, which upstream's LM asserts is
+there), the same text ids and exactly ``--tokens`` speech tokens per request (upstream
+forced as upstream-cpu-baseline.md describes: min_len = max_len = N with all its stop ids
+masked: CosyVoice 2's three, CosyVoice 3's 200, 6561..6760). Each side runs in its own
+subprocess, so its peak RSS is its own. The two processes take turns (``--interleave``, the default;
 ``benchmarks/common.py``): one loads while the other waits, then the single requests run
 one at a time, upstream's first, ours next, and so on, then each side's bursts. On this VM
 the speed moves by 5-10 % within minutes, and run 55 (sides one after the other) saw our
@@ -37,13 +47,17 @@ first time costs up to 40 µs, and a process's first stream faults in about 1 Gi
 4. peak RSS of the whole process (loading included), after loading, of loading plus the
    single requests (1 and 2), and of the concurrent streams (3) alone.
 
-Upstream is the test-only reference (``cosyvoice-minicpmo``), built by
-``tests/pipeline/upstream_model.py`` with the stand-ins of ``tests/upstream.py``; it runs in
-fp32 on CPU with its own sampling (global RNG), so its tokens differ from ours; only the
-amount of work is the same. Our side runs ``--profile``'s plan for this machine (default
-``auto``, what ``cosyserve serve`` runs without flags); ``--dtype``, ``--quantize`` and
-``--flow-quantize`` override one choice each, and ``--first-hop`` the plan's first hop.
-Upstream stays fp32. The report ends with the ratios against the targets.
+Upstream is the test-only reference, built by ``benchmarks/upstream_models.py`` from the
+directory's yaml, as upstream's ``CosyVoice2`` / ``CosyVoice3`` classes build it: for
+CosyVoice 2 the PyPI ``cosyvoice-minicpmo`` (``tests/pipeline/upstream_model.py``, with the
+stand-ins of ``tests/upstream.py``), for CosyVoice 3 the checkout (``tests/upstream3.py``).
+It runs in fp32 on CPU with its own sampling (global RNG), so its tokens differ from ours;
+only the amount of work is the same (upstream's CosyVoice 3 also drops each silent token
+after five in a row, which random weights almost never draw: the report's ``audio_s`` shows
+it). Our side runs ``--profile``'s plan for this machine (default ``auto``, what ``cosyserve
+serve`` runs without flags); ``--dtype``, ``--quantize`` and ``--flow-quantize`` override one
+choice each, and ``--first-hop`` the plan's first hop. Upstream stays fp32. The report ends
+with the ratios against the targets.
 """
 
 import argparse
@@ -69,12 +83,16 @@ if str(REPO) not in sys.path:  # tests/ (the upstream stand-ins) is not an insta
     sys.path.insert(0, str(REPO))
 
 from common import Turns, take_turns  # noqa: E402
+from upstream_models import build_upstream, upstream_unavailable  # noqa: E402
 
 from cosyserve.accel.plan import Plan  # noqa: E402
 from cosyserve.accel.precision_choices import Dtype, FlowQuantization, Profile, Quantization  # noqa: E402
 from cosyserve.bench.engine_bench import peak_rss_mb, reset_peak_rss  # noqa: E402
 from cosyserve.bench.workload import synthetic_text_ids, synthetic_voice  # noqa: E402
-from cosyserve.modeldir.layout import ModelDir  # noqa: E402
+from cosyserve.errors import ModelDirError  # noqa: E402
+from cosyserve.frontend.text_tokenizer import ENDOFPROMPT_ID  # noqa: E402
+from cosyserve.modeldir.layout import Family, ModelDir  # noqa: E402
+from cosyserve.pipeline.llm_prompt import system_prompt  # noqa: E402
 from cosyserve.pipeline.voice import VoicePrompt  # noqa: E402
 
 WARM_UP_TOKENS = 10
@@ -105,14 +123,26 @@ class Texts:
 
 def workload(model_dir: Path, args: argparse.Namespace) -> tuple[VoicePrompt, Texts, int]:
     """The voice, the texts and the model's sample rate."""
-    hp = ModelDir.open(model_dir).hparams()
-    voice = synthetic_voice(hp, args.prompt_seconds, seed=args.seed, name="bench")
+    directory = ModelDir.open(model_dir)
+    hp = directory.hparams()
+    voice = family_prompt(directory, synthetic_voice(hp, args.prompt_seconds, seed=args.seed, name="bench"))
     singles = 1 + 2 * args.repeats  # the warm-up's, then the single requests' (as before repeats)
     count = singles + args.streams * args.bursts
     ids = [synthetic_text_ids(hp, args.tokens, seed=args.seed + i) for i in range(count)]
     bursts = [ids[singles + n * args.streams : singles + (n + 1) * args.streams] for n in range(args.bursts)]
     texts = Texts(ids[0], ids[1 : 1 + args.repeats], ids[1 + args.repeats : singles], bursts)
     return voice, texts, hp.sample_rate
+
+
+def family_prompt(directory: ModelDir, voice: VoicePrompt) -> VoicePrompt:
+    """``voice`` with the LM prompt our frontend gives a zero-shot request of the directory's
+    family: CosyVoice 3's opens with its system prompt, which ends in ``<|endofprompt|>``
+    (upstream's CosyVoice 3 LM asserts the marker is there); CosyVoice 2's is the transcript."""
+    if directory.family is not Family.COSYVOICE3:
+        return voice
+    head = tuple(directory.text_tokenizer().encode(system_prompt()))
+    assert ENDOFPROMPT_ID in head, head
+    return dataclasses.replace(voice, prompt_text_ids=head + voice.prompt_text_ids)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,13 +189,13 @@ def _singles(side: str, synthesize: Synthesize, texts: Texts, turns: Turns) -> S
 
 
 def run_upstream(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from tests.pipeline.upstream_model import build_upstream_model, forced_length, full_mask_step
+    from tests.pipeline.upstream_model import forced_length, full_mask_step
 
     turns = Turns(args.take_turns)
     turns.wait()
     voice, texts, rate = workload(model_dir, args)
     start = time.perf_counter()
-    model = build_upstream_model(model_dir)
+    model = build_upstream(model_dir)
     load_s = time.perf_counter() - start
     llm = model.llm
     llm.llm.forward_one_step = full_mask_step(llm.llm)
@@ -612,6 +642,13 @@ def main() -> None:
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     if not sides or any(s not in SIDES for s in sides):
         parser.error(f"--sides takes {', '.join(SIDES)}")
+    try:
+        family = ModelDir.open(args.model_dir).family
+    except ModelDirError as exc:
+        parser.error(str(exc))
+    unavailable = upstream_unavailable(family) if "upstream" in sides else None
+    if unavailable is not None:
+        parser.error(f"--model-dir {args.model_dir} is {unavailable}")
     uptime = Path("/proc/loadavg").read_text().strip() if Path("/proc/loadavg").exists() else "n/a"
     _progress(f"load average before: {uptime}")
     if args.interleave and args.settle_s > 0:
@@ -619,6 +656,7 @@ def main() -> None:
     reports = _run_interleaved(sides, args) if args.interleave else _run_apart(sides, args)
     ratios = _ratios(reports) if len(reports) == 2 else None
     print(
+        f"{family.official_name} layout; "
         f"{args.tokens} tokens ({args.tokens / 25:.2f} s of audio) per request, {args.streams} streams, "
         f"{args.prompt_seconds:g} s prompt; ours: {_plan(args, args.threads).describe()}; upstream fp32; "
         f"/proc/loadavg before: {uptime}"
@@ -629,7 +667,13 @@ def main() -> None:
         print(f"{side}, each run (s): " + "; ".join(runs))
     if args.json is not None:
         settings = vars(args) | {"model_dir": str(args.model_dir), "json": str(args.json)}
-        summary = {"args": settings, "loadavg_before": uptime, "reports": reports, "ratios": ratios}
+        summary = {
+            "args": settings,
+            "family": family.value,
+            "loadavg_before": uptime,
+            "reports": reports,
+            "ratios": ratios,
+        }
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
 
 
