@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,10 @@ def test_require_model_dir(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(ModelDirError, match="is not a directory"):
         require_model_dir(tmp_path / "file")
+
+
+def test_the_first_of_several_model_dirs_is_the_default(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("COSYSERVE_MODEL_DIR", f"{tmp_path / 'a'}{os.pathsep}{tmp_path / 'b'}")
+    assert default_model_dir() == tmp_path / "a"

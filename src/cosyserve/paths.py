@@ -23,9 +23,10 @@ def cache_dir() -> Path:
 
 
 def default_model_dir() -> Path:
-    """The configured model directory: ``$COSYSERVE_MODEL_DIR`` when set, else
-    ``<cache_dir>/models/CosyVoice2-0.5B``."""
-    configured = os.environ.get(MODEL_DIR_ENV, "")
+    """The configured (default) model directory: ``$COSYSERVE_MODEL_DIR`` when set (the
+    first of several, which it separates with ``os.pathsep`` for a server of several
+    models), else ``<cache_dir>/models/CosyVoice2-0.5B``."""
+    configured = os.environ.get(MODEL_DIR_ENV, "").split(os.pathsep)[0]
     if configured:
         return Path(configured).expanduser()
     return cache_dir() / "models" / DEFAULT_MODEL_NAME

@@ -33,6 +33,7 @@ def test_ready(server: ServerProcess) -> None:
         "in_flight": 0,
         "engine_requests": 0,
         "capacity": 4,
+        "models": {"tiny": "ready"},
     }
 
 

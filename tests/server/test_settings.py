@@ -1,10 +1,13 @@
 """Settings precedence (flags > environment > TOML file > defaults) and one-line errors."""
 
+import os
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from cosyserve.accel.precision_choices import Choices, Dtype, FlowQuantization, Profile, Quantization
+from cosyserve.cli.main import app
 from cosyserve.server.settings import Settings, SettingsError
 
 
@@ -24,13 +27,59 @@ def test_defaults(tmp_path: Path) -> None:
         1,
     )
     assert settings.max_text_chars == 2000 and settings.max_tts_text_chars == 200
-    assert settings.model_dir == tmp_path / "cache" / "cosyserve" / "models" / "CosyVoice2-0.5B"
+    assert settings.model_dir == (tmp_path / "cache" / "cosyserve" / "models" / "CosyVoice2-0.5B",)
+    assert settings.first_model_dir == settings.model_dir[0]
     assert Path(settings.voices_db).parent == tmp_path / "cache" / "cosyserve"
 
 
 def test_model_dir_env_is_the_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("COSYSERVE_MODEL_DIR", str(tmp_path / "m"))
-    assert Settings.load().model_dir == tmp_path / "m"
+    assert Settings.load().model_dir == (tmp_path / "m",)
+
+
+def test_several_model_dirs_from_flags_env_and_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    a, b = tmp_path / "cv2", tmp_path / "cv3"
+    assert Settings.load(model_dir=(a, b)).model_dir == (a, b)
+    assert Settings.load(model_dir=a).model_dir == (a,)  # one directory, as before
+    config = tmp_path / "cosyserve.toml"
+    config.write_text(f'model_dir = ["{a}", "{b}"]\n')
+    assert Settings.load(config).model_dir == (a, b)
+    config.write_text(f'model_dir = "{a}"\n')
+    assert Settings.load(config).model_dir == (a,)
+    monkeypatch.setenv("COSYSERVE_MODEL_DIR", f"{b}{os.pathsep}{a}")
+    from_env = Settings.load(config)
+    assert from_env.model_dir == (b, a) and from_env.first_model_dir == b
+    # Workers and Ray replicas get them back as the variable writes them.
+    assert from_env.to_env()["COSYSERVE_MODEL_DIR"] == f"{b}{os.pathsep}{a}"
+    assert from_env.model_dump(mode="json")["model_dir"] == f"{b}{os.pathsep}{a}"
+    assert Settings(**from_env.model_dump(mode="json")).model_dir == (b, a)
+
+
+@pytest.mark.parametrize(
+    ("dirs", "message"),
+    [
+        (["x/m", "x/m/"], "model directory x/m is given twice"),
+        (["x/m", "y/m"], "model directories x/m and y/m have the same name 'm'"),
+        ([], "at least one model directory is needed"),
+    ],
+)
+def test_invalid_model_dirs(dirs: list[str], message: str) -> None:
+    with pytest.raises(SettingsError, match=f"^invalid setting model_dir: Value error, {message}"):
+        Settings.load(model_dir=[Path(d) for d in dirs])
+
+
+def test_serve_takes_model_dir_repeated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    a, b = tmp_path / "cv2", tmp_path / "cv3"
+    a.mkdir()
+    b.mkdir()
+    seen: list[Settings] = []
+    monkeypatch.setattr("cosyserve.server.runner.run", seen.append)
+    args = ["serve", "--model-dir", str(a), "--model-dir", str(b), "--profile", "exact"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert seen[0].model_dir == (a, b)
+    missing = CliRunner().invoke(app, ["serve", "--model-dir", str(a), "--model-dir", str(tmp_path / "gone")])
+    assert missing.exit_code != 0 and "gone does not exist" in missing.output
 
 
 def test_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -30,6 +30,11 @@ class SourceOption(StrEnum):
     modelscope = "modelscope"
 
 
+class FamilyOption(StrEnum):
+    cosyvoice2 = "cosyvoice2"
+    cosyvoice3 = "cosyvoice3"
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
     app.command("download")(download)
@@ -54,19 +59,38 @@ def download(
     everything: Annotated[
         bool, typer.Option("--all", help="The whole snapshot, not only the files cosyserve reads.")
     ] = False,
+    family: Annotated[
+        FamilyOption,
+        typer.Option(
+            "--model",
+            help="cosyvoice2 (CosyVoice2-0.5B) or cosyvoice3 (Fun-CosyVoice3-0.5B-2512, its RL LM too).",
+        ),
+    ] = FamilyOption.cosyvoice2,
 ) -> None:
-    """Fetch the official CosyVoice2-0.5B weights (resumable) and write their manifest."""
-    from cosyserve.modeldir.download import REPOS, Source
+    """Fetch official weights (resumable) and write their manifest."""
+    from cosyserve.modeldir.download import Source
     from cosyserve.modeldir.download import download as fetch
-    from cosyserve.paths import default_model_dir
+    from cosyserve.paths import COSYVOICE3_MODEL_NAME, cached_model_dir, default_model_dir
 
-    target = directory or default_model_dir()
+    if directory is not None:
+        target = directory
+    elif family is FamilyOption.cosyvoice2:
+        target = default_model_dir()
+    else:
+        target = cached_model_dir(COSYVOICE3_MODEL_NAME)
     start = time.perf_counter()
-    result = fetch(target, Source(source.value), revision=revision, endpoint=endpoint, everything=everything)
+    result = fetch(
+        target,
+        Source(source.value),
+        family=family.value,
+        revision=revision,
+        endpoint=endpoint,
+        everything=everything,
+    )
     elapsed = time.perf_counter() - start
     at = f"@{result.commit[:12]}" if result.commit else ""
     typer.echo(
-        f"{REPOS[Source(source.value)]}{at}: {result.files} files, {_gib(result.total_bytes)} in {target} "
+        f"{result.repo}{at}: {result.files} files, {_gib(result.total_bytes)} in {target} "
         f"({elapsed:.0f} s); manifest written"
     )
     if result.local_only:
@@ -155,7 +179,7 @@ def doctor(
         flow_quantize=flow_quantize,
     )
     facts = checks.gather(
-        settings.model_dir,
+        settings.first_model_dir,
         settings.host,
         [("HTTP", settings.port), ("gRPC", settings.grpc_port)],
         verify_hashes=hashes,

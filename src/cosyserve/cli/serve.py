@@ -40,7 +40,12 @@ _MODEL, _SERVER, _LIMITS, _AUTH, _LOGGING = "Model", "Server", "Limits", "Auth",
 
 def serve(
     model_dir: Annotated[
-        Path | None, typer.Option(help="CosyVoice2-0.5B model directory.", rich_help_panel=_MODEL)
+        list[Path] | None,
+        typer.Option(
+            help="Model directory (CosyVoice 2 or 3); repeat to serve several, picked by the request's "
+            "model (the first by default).",
+            rich_help_panel=_MODEL,
+        ),
     ] = None,
     profile: Annotated[Profile | None, profile_option(_MODEL)] = None,
     dtype: Annotated[Dtype | None, dtype_option(_MODEL)] = None,
@@ -118,7 +123,7 @@ def serve(
 
     settings = Settings.load(
         config,
-        model_dir=model_dir,
+        model_dir=tuple(model_dir) if model_dir else None,
         profile=profile,
         dtype=dtype,
         quantize=quantize,
@@ -139,7 +144,8 @@ def serve(
         log_level=log_level,
         log_text_chars=log_text_chars,
     )
-    require_model_dir(settings.model_dir)  # a wrong path fails here, in one line
+    for directory in settings.model_dir:
+        require_model_dir(directory)  # a wrong path fails here, in one line
     # So does a choice this machine cannot run (e.g. fp16 on CPU), before any worker starts.
     choose_plan(Machine.detect(), settings.profile, settings.choices())
     run(settings)

@@ -55,6 +55,7 @@ def wanted(family: Family) -> tuple[str, ...]:
     rl = (LLM_RL_FILE,) if family is Family.COSYVOICE3 else ()
     return (*family.required_files, *rl, SPK2INFO_FILE, f"{QWEN_DIR}/*")
 
+
 SKIPPED = (f"{QWEN_DIR}/model.safetensors",)
 _INSTALL = "pip install 'cosyserve[download]'"
 _BLOCK = 1 << 20

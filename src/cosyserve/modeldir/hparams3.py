@@ -12,9 +12,9 @@ from typing import Any
 from cosyserve.modeldir.hparams import (
     CFMConfig,
     HiFTConfig,
+    LMConfig,
     MelConfig,
     Qwen2Config,
-    SamplingConfig,
     cfm_config,
     hift_values,
     mel_config,
@@ -33,17 +33,9 @@ SILENT_TOKENS = (1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323)
 
 
 @dataclass(frozen=True)
-class LM3Config:
-    """``CosyVoice3LM``: the Qwen2 body with one speech vocabulary holding the special ids."""
-
-    qwen: Qwen2Config = field(default_factory=Qwen2Config)
-    speech_token_size: int = 6561
-    llm_input_size: int = 896
-    llm_output_size: int = 896
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    # Hard-coded in upstream's Qwen2LM.inference, which CosyVoice3LM inherits.
-    min_token_text_ratio: float = 2.0
-    max_token_text_ratio: float = 20.0
+class LM3Config(LMConfig):
+    """``CosyVoice3LM``: CosyVoice 2's fields (the Qwen2 body, sampling, length ratios) with
+    one speech vocabulary holding the special ids, and upstream ace7c47's sampling rules."""
 
     @property
     def num_speech_ids(self) -> int:

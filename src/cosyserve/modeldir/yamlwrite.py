@@ -1,10 +1,12 @@
-"""Write ``cosyvoice2.yaml`` in the official HyperPyYAML form for given hyperparameters.
+"""Write ``cosyvoice2.yaml`` in the official HyperPyYAML form for given hyperparameters, and
+the parts ``cosyvoice3.yaml`` shares with it.
 
 The text follows the released file's structure (the same keys, tags and references) so
 that upstream's loader builds the same classes from it; only the geometry varies.
 """
 
-from cosyserve.modeldir.hparams import ModelHParams
+from cosyserve.modeldir.hparams import HiFTConfig, MelConfig, ModelHParams
+from cosyserve.modeldir.hparams3 import Model3HParams
 
 
 def yaml_list(values: tuple[int, ...] | tuple[tuple[int, ...], ...]) -> str:
@@ -13,29 +15,11 @@ def yaml_list(values: tuple[int, ...] | tuple[tuple[int, ...], ...]) -> str:
 
 def render_yaml(hp: ModelHParams) -> str:
     """The text of ``cosyvoice2.yaml`` for ``hp``."""
-    lm, flow, hift, mel = hp.lm, hp.flow, hp.hift, hp.mel
+    lm, flow = hp.lm, hp.flow
     enc, est, cfm, s = flow.encoder, flow.estimator, flow.cfm, lm.sampling
-    fmax = "null" if mel.fmax is None else f"{mel.fmax:g}"
-    return f"""# set random seed, so that you may reproduce your result.
-__set_seed1: !apply:random.seed [1986]
-__set_seed2: !apply:numpy.random.seed [1986]
-__set_seed3: !apply:torch.manual_seed [1986]
-__set_seed4: !apply:torch.cuda.manual_seed_all [1986]
-
-# fixed params
-sample_rate: {hp.sample_rate}
-llm_input_size: {lm.llm_input_size}
-llm_output_size: {lm.llm_output_size}
-spk_embed_dim: {flow.spk_embed_dim}
-qwen_pretrain_path: ''
-token_frame_rate: {hp.token_frame_rate}
-token_mel_ratio: {hp.token_mel_ratio}
-
-# stream related params
-chunk_size: {enc.static_chunk_size} # streaming inference chunk size, in token
-num_decoding_left_chunks: -1 # streaming inference flow decoder left chunk size, <0 means use all left chunks
-
-# model params
+    return (
+        header(hp)
+        + f"""# model params
 llm: !new:cosyvoice.llm.llm.Qwen2LM
     llm_input_size: !ref <llm_input_size>
     llm_output_size: !ref <llm_output_size>
@@ -102,7 +86,42 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
             static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
             num_decoding_left_chunks: !ref <num_decoding_left_chunks>
 
-hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
+"""
+        + hift_section(hp.hift, "HiFTGenerator", "ConvRNNF0Predictor")
+        + processors(hp.mel)
+    )
+
+
+def header(hp: ModelHParams | Model3HParams) -> str:
+    """The seeds and the fixed parameters both families' yamls open with."""
+    lm, flow = hp.lm, hp.flow
+    chunk = hp.chunk_size if isinstance(hp, Model3HParams) else hp.flow.encoder.static_chunk_size
+    return f"""# set random seed, so that you may reproduce your result.
+__set_seed1: !apply:random.seed [1986]
+__set_seed2: !apply:numpy.random.seed [1986]
+__set_seed3: !apply:torch.manual_seed [1986]
+__set_seed4: !apply:torch.cuda.manual_seed_all [1986]
+
+# fixed params
+sample_rate: {hp.sample_rate}
+llm_input_size: {lm.llm_input_size}
+llm_output_size: {lm.llm_output_size}
+spk_embed_dim: {flow.spk_embed_dim}
+qwen_pretrain_path: ''
+token_frame_rate: {hp.token_frame_rate}
+token_mel_ratio: {hp.token_mel_ratio}
+
+# stream related params
+chunk_size: {chunk} # streaming inference chunk size, in token
+num_decoding_left_chunks: -1 # <0: all left chunks
+
+"""
+
+
+def hift_section(hift: HiFTConfig, generator: str, f0_predictor: str, extra: str = "") -> str:
+    """The ``hift`` section: ``generator`` and ``f0_predictor`` class names, ``extra``
+    argument lines before the f0 predictor."""
+    return f"""hift: !new:cosyvoice.hifigan.generator.{generator}
     in_channels: {hift.in_channels}
     base_channels: {hift.base_channels}
     nb_harmonics: {hift.nb_harmonics}
@@ -121,15 +140,22 @@ hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
     source_resblock_dilation_sizes: {yaml_list(hift.source_resblock_dilation_sizes)}
     lrelu_slope: {hift.lrelu_slope}
     audio_limit: {hift.audio_limit}
-    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.ConvRNNF0Predictor
+{extra}    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.{f0_predictor}
         num_class: {hift.f0_num_class}
         in_channels: {hift.f0_in_channels}
         cond_channels: {hift.f0_cond_channels}
 
-# processor functions
+"""
+
+
+def processors(mel: MelConfig, tokenizer_version: str = "") -> str:
+    """The tokenizer and feature-extractor entries (``tokenizer_version``: CosyVoice 3's)."""
+    fmax = "null" if mel.fmax is None else f"{mel.fmax:g}"
+    version = f"\n    version: {tokenizer_version}" if tokenizer_version else ""
+    return f"""# processor functions
 get_tokenizer: !name:cosyvoice.tokenizer.tokenizer.get_qwen_tokenizer
     token_path: !ref <qwen_pretrain_path>
-    skip_special_tokens: True
+    skip_special_tokens: True{version}
 allowed_special: 'all'
 feat_extractor: !name:matcha.utils.audio.mel_spectrogram
     n_fft: {mel.n_fft}

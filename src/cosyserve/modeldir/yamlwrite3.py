@@ -7,34 +7,16 @@ upstream's inference never reads them.
 """
 
 from cosyserve.modeldir.hparams3 import Model3HParams
-from cosyserve.modeldir.yamlwrite import yaml_list
+from cosyserve.modeldir.yamlwrite import header, hift_section, processors
 
 
 def render_yaml3(hp: Model3HParams) -> str:
     """The text of ``cosyvoice3.yaml`` for ``hp``."""
-    lm, flow, hift, mel = hp.lm, hp.flow, hp.hift, hp.mel
+    lm, flow = hp.lm, hp.flow
     dit, cfm, s = flow.dit, flow.cfm, lm.sampling
-    fmax = "null" if mel.fmax is None else f"{mel.fmax:g}"
-    return f"""# set random seed, so that you may reproduce your result.
-__set_seed1: !apply:random.seed [1986]
-__set_seed2: !apply:numpy.random.seed [1986]
-__set_seed3: !apply:torch.manual_seed [1986]
-__set_seed4: !apply:torch.cuda.manual_seed_all [1986]
-
-# fixed params
-sample_rate: {hp.sample_rate}
-llm_input_size: {lm.llm_input_size}
-llm_output_size: {lm.llm_output_size}
-spk_embed_dim: {flow.spk_embed_dim}
-qwen_pretrain_path: ''
-token_frame_rate: {hp.token_frame_rate}
-token_mel_ratio: {hp.token_mel_ratio}
-
-# stream related params
-chunk_size: {hp.chunk_size} # streaming inference chunk size, in token
-num_decoding_left_chunks: {dit.num_decoding_left_chunks} # <0: all left chunks
-
-# model params
+    return (
+        header(hp)
+        + f"""# model params
 llm: !new:cosyvoice.llm.llm.CosyVoice3LM
     llm_input_size: !ref <llm_input_size>
     llm_output_size: !ref <llm_output_size>
@@ -89,44 +71,12 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
             static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
             num_decoding_left_chunks: !ref <num_decoding_left_chunks>
 
-hift: !new:cosyvoice.hifigan.generator.CausalHiFTGenerator
-    in_channels: {hift.in_channels}
-    base_channels: {hift.base_channels}
-    nb_harmonics: {hift.nb_harmonics}
-    sampling_rate: !ref <sample_rate>
-    nsf_alpha: {hift.nsf_alpha}
-    nsf_sigma: {hift.nsf_sigma}
-    nsf_voiced_threshold: {hift.nsf_voiced_threshold:g}
-    upsample_rates: {yaml_list(hift.upsample_rates)}
-    upsample_kernel_sizes: {yaml_list(hift.upsample_kernel_sizes)}
-    istft_params:
-        n_fft: {hift.istft_n_fft}
-        hop_len: {hift.istft_hop_len}
-    resblock_kernel_sizes: {yaml_list(hift.resblock_kernel_sizes)}
-    resblock_dilation_sizes: {yaml_list(hift.resblock_dilation_sizes)}
-    source_resblock_kernel_sizes: {yaml_list(hift.source_resblock_kernel_sizes)}
-    source_resblock_dilation_sizes: {yaml_list(hift.source_resblock_dilation_sizes)}
-    lrelu_slope: {hift.lrelu_slope}
-    audio_limit: {hift.audio_limit}
-    conv_pre_look_right: {hift.conv_pre_look_right}
-    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.CausalConvRNNF0Predictor
-        num_class: {hift.f0_num_class}
-        in_channels: {hift.f0_in_channels}
-        cond_channels: {hift.f0_cond_channels}
-
-# processor functions
-get_tokenizer: !name:cosyvoice.tokenizer.tokenizer.get_qwen_tokenizer
-    token_path: !ref <qwen_pretrain_path>
-    skip_special_tokens: True
-    version: cosyvoice3
-allowed_special: 'all'
-feat_extractor: !name:matcha.utils.audio.mel_spectrogram
-    n_fft: {mel.n_fft}
-    num_mels: {mel.num_mels}
-    sampling_rate: !ref <sample_rate>
-    hop_size: {mel.hop_size}
-    win_size: {mel.win_size}
-    fmin: {mel.fmin:g}
-    fmax: {fmax}
-    center: {mel.center}
 """
+        + hift_section(
+            hp.hift,
+            "CausalHiFTGenerator",
+            "CausalConvRNNF0Predictor",
+            f"    conv_pre_look_right: {hp.hift.conv_pre_look_right}\n",
+        )
+        + processors(hp.mel, "cosyvoice3")
+    )

@@ -44,6 +44,12 @@ class NotReadyError(CosyserveError):
     code = "not_ready"
 
 
+class ModelNotFoundError(CosyserveError):
+    """The request names a model this server does not serve (several are served)."""
+
+    code = "model_not_found"
+
+
 @dataclass(frozen=True)
 class MappedError:
     """What a client is told about one error.
@@ -85,6 +91,8 @@ class _Rule:
 # Most specific first: the first class the error is an instance of decides.
 _RULES: tuple[tuple[type[CosyserveError], _Rule], ...] = (
     (UnknownSpeakerError, _Rule(404, grpc.StatusCode.NOT_FOUND, "not_found_error")),
+    # OpenAI's answer to an unknown model: 404, an invalid request.
+    (ModelNotFoundError, _Rule(404, grpc.StatusCode.NOT_FOUND, "invalid_request_error")),
     (VoiceExistsError, _Rule(409, grpc.StatusCode.ALREADY_EXISTS, "invalid_request_error")),
     (AuthenticationError, _Rule(401, grpc.StatusCode.UNAUTHENTICATED, "authentication_error")),
     (ForbiddenError, _Rule(403, grpc.StatusCode.PERMISSION_DENIED, "permission_error")),

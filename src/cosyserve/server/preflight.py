@@ -1,4 +1,4 @@
-"""What a server process does before it loads the model: check the model directory
+"""What a server process does before it loads the models: check each model directory
 against its manifest, and open (wipe) the audio cache keyed by the directory's fingerprint.
 
 Runs in the app's background start, so ``/health`` answers meanwhile. Hashing the full
@@ -7,6 +7,7 @@ so :func:`prepare` checks only which files are there and :func:`verify` hashes t
 the model loads (:meth:`~cosyserve.server.runtime.ServerRuntime.start`).
 """
 
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -25,32 +26,45 @@ AUDIO_CACHE_TTL_S = 3600.0
 
 @dataclass(frozen=True)
 class Prepared:
-    """The model directory's fingerprint, which keys what is derived from its files (the
-    audio cache, the traces a server keeps), and the audio cache (None when
-    ``audio_cache_mb`` is 0)."""
+    """The model directories' fingerprints (one each, in ``model_dir``'s order), which key
+    what is derived from their files (the audio cache, the traces a server keeps), and the
+    audio cache (None when ``audio_cache_mb`` is 0)."""
 
-    fingerprint: str
+    fingerprints: tuple[str, ...]
     audio_cache: AudioCache | None
+
+    @property
+    def fingerprint(self) -> str:
+        """The first (default) model's fingerprint."""
+        return self.fingerprints[0]
 
 
 def prepare(settings: Settings) -> Prepared:
     """Raise :class:`~cosyserve.errors.ModelDirError` (one line naming the files at fault,
     and the command that fixes it) for a missing directory or a file missing from or not
     in its manifest (their contents are :func:`verify`'s). Blocking: run in a thread."""
-    fingerprint = check_model_dir(settings.model_dir, verify_hashes=False)
+    fingerprints = tuple(check_model_dir(path, verify_hashes=False) for path in settings.model_dir)
     if settings.audio_cache_mb == 0:
-        return Prepared(fingerprint, None)
-    cache = AudioCache.open(
-        cache_dir() / "audio", settings.audio_cache_mb << 20, AUDIO_CACHE_TTL_S, fingerprint
+        return Prepared(fingerprints, None)
+    # One model: its own fingerprint, as before several could be served. Several: all of
+    # theirs (a cache key names its model).
+    combined = (
+        fingerprints[0]
+        if len(fingerprints) == 1
+        else hashlib.sha256("\n".join(fingerprints).encode()).hexdigest()
     )
-    return Prepared(fingerprint, cache)
+    cache = AudioCache.open(cache_dir() / "audio", settings.audio_cache_mb << 20, AUDIO_CACHE_TTL_S, combined)
+    return Prepared(fingerprints, cache)
 
 
 def verify(settings: Settings) -> None:
     """With ``verify_model`` and a manifest, raise :class:`~cosyserve.errors.ModelDirError`
     for a file whose sha256 differs from it (tampered, truncated). Blocking: run in a thread."""
-    if not settings.verify_model or not (settings.model_dir / MANIFEST_FILE).is_file():
+    if not settings.verify_model:
         return
-    start = time.perf_counter()
-    check_model_dir(settings.model_dir)
-    logger.info("model files verified in %.1f s", time.perf_counter() - start)
+    for path in settings.model_dir:
+        if not (path / MANIFEST_FILE).is_file():
+            continue
+        start = time.perf_counter()
+        check_model_dir(path)
+        logger.info("model files of %s verified in %.1f s", path.name, time.perf_counter() - start)

@@ -8,6 +8,7 @@ subclasses to status codes in :mod:`cosyserve.server.error_map`.
 """
 
 import asyncio
+import contextlib
 import contextvars
 import dataclasses
 import hashlib
@@ -97,7 +98,13 @@ class SpeechParams:
 
 
 class SpeechService:
-    """One per process; shared by all transports through ``app.state``."""
+    """One per served model; shared by all transports through the app's runtime.
+
+    A process serving several models has one service each; :attr:`peers` are the others.
+    Registered voices are per model family (their prompt features come from the family's
+    own speech tokenizer), so registering a voice through any service computes and stores
+    it for every family served; listing shows each name once; deleting deletes it for all.
+    """
 
     def __init__(
         self,
@@ -111,6 +118,10 @@ class SpeechService:
         """``default_voice``: the voice of requests that name none ("": the first built-in
         speaker)."""
         self.model = model
+        # The model's id in requests (``model``): its directory's name; the runtime sets it.
+        self.model_id = model.model_dir.root.name
+        # The services of the other models this process serves (set by the runtime).
+        self.peers: tuple[SpeechService, ...] = ()
         self.default_voice = default_voice
         self.engine = engine
         self.voices = voices
@@ -149,6 +160,7 @@ class SpeechService:
                 yield chunk
             return
         record.voice = params.voice or ("prompt_audio" if params.prompt_audio is not None else None)
+        record.model = self.model_id
         record.text = params.text
         record.characters = len(params.text)
         try:
@@ -237,6 +249,7 @@ class SpeechService:
         source = None if params.source_audio is None else hashlib.sha256(params.source_audio).hexdigest()
         return cache.key(
             {
+                "model": self.model_id,
                 "text": params.text,
                 "voice": voice,
                 "instruct": params.instruct,
@@ -262,6 +275,11 @@ class SpeechService:
         builtin = dict(VOICE_ALIASES).get(name, name)
         if builtin in self.model.speakers:
             return self.frontend.speaker(builtin)
+        if any(other.voices.get(name) is not None for other in self._families()[1:]):
+            raise UnknownSpeakerError(
+                f"voice {name!r} has no features for model {self.model_id!r}: it was registered while "
+                "that model was not served; delete it and register it again"
+            )
         raise UnknownSpeakerError(f"unknown voice {name!r}")
 
     def _default_voice_name(self) -> str:
@@ -274,24 +292,62 @@ class SpeechService:
             "(POST /v1/audio/voices) or set default_voice"
         )
 
+    def _families(self) -> "list[SpeechService]":
+        """One service per model family served, this one first: the frontends that compute,
+        and the registries that store, a voice registered through this service."""
+        chosen: dict[str, SpeechService] = {self.model.model_dir.family.value: self}
+        for peer in self.peers:
+            chosen.setdefault(peer.model.model_dir.family.value, peer)
+        return list(chosen.values())
+
+    def voice_registries(self) -> list[VoiceRegistry]:
+        """The registered voices of each family served, this model's first."""
+        return [service.voices for service in self._families()]
+
+    def builtin_names(self) -> list[str]:
+        """The built-in speakers of every model served, each once, sorted."""
+        return sorted({name for service in (self, *self.peers) for name in service.model.speakers})
+
+    def is_builtin(self, name: str) -> bool:
+        """Whether ``name`` is a built-in speaker of any model served."""
+        return any(name in service.model.speakers for service in (self, *self.peers))
+
     def voice_names(self) -> list[tuple[str, str]]:
-        """(name, kind) of every voice: ``registered`` or ``builtin``."""
-        registered = [(n, "registered") for n in self.voices.names()]
-        return registered + [(n, "builtin") for n in sorted(self.model.speakers)]
+        """(name, kind) of every voice, each once: ``registered`` or ``builtin``."""
+        registered = sorted({n for registry in self.voice_registries() for n in registry.names()})
+        return [(n, "registered") for n in registered] + [(n, "builtin") for n in self.builtin_names()]
 
     async def add_voice(self, name: str, audio: bytes, prompt_text: str) -> VoicePrompt:
-        """Compute a recording's features once and store them under ``name``."""
+        """Compute a recording's features once per model family served (each family's own
+        frontend) and store them under ``name``; this model's voice is returned."""
         check_voice_name(name)
-        # The store is off the event loop: a database over the network may take seconds.
-        if await asyncio.to_thread(self.voices.get, name) is not None or name in self.model.speakers:
+        families = self._families()
+        if self.is_builtin(name):
             raise VoiceExistsError(f"voice {name!r} already exists")
-        voice = await self._run(self.frontend.voice_from_audio, audio, prompt_text, name)
-        await asyncio.to_thread(self.voices.put, voice)
-        return voice
+        # The store is off the event loop: a database over the network may take seconds.
+        for service in families:
+            if await asyncio.to_thread(service.voices.get, name) is not None:
+                raise VoiceExistsError(f"voice {name!r} already exists")
+        voices = await asyncio.gather(
+            *(s._run(s.frontend.voice_from_audio, audio, prompt_text, name) for s in families)
+        )
+        stored: list[SpeechService] = []
+        try:
+            for service, voice in zip(families, voices, strict=True):
+                await asyncio.to_thread(service.voices.put, voice)
+                stored.append(service)
+        except BaseException:
+            for service in stored:  # all families or none
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(service.voices.delete, name)
+            raise
+        return voices[0]
 
     def delete_voice(self, name: str) -> None:
+        """Delete the registered voice ``name`` for every family."""
         check_voice_name(name)
-        if not self.voices.delete(name):
+        deleted = [registry.delete(name) for registry in self.voice_registries()]
+        if not any(deleted):
             raise UnknownSpeakerError(f"unknown voice {name!r}")
 
     async def build_spec(self, request: SynthesisRequest, request_id: str) -> GenerationSpec:

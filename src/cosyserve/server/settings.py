@@ -11,11 +11,12 @@ Keep this one flat class: every field is one setting, documented by its ``descri
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_serializer, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -51,9 +52,14 @@ class Settings(BaseSettings):
     )
 
     # -- model: what runs, and how fast -----------------------------------------------------
-    model_dir: Path = Field(
-        default_factory=default_model_dir,
-        description="CosyVoice2-0.5B model directory (default: $COSYSERVE_MODEL_DIR, else "
+    # A tuple: several directories (of either family) are served at once, the first by default
+    # (docs/models.md). A flag repeats, the variable and a TOML string separate them with
+    # os.pathsep, a TOML list lists them; model_dump() writes them as the variable does.
+    model_dir: Annotated[tuple[Path, ...], NoDecode] = Field(
+        default_factory=lambda: (default_model_dir(),),
+        description="Model directory (CosyVoice2-0.5B or Fun-CosyVoice3-0.5B-2512), or several, served "
+        "at once and picked by the request's model (the first by default); separated by "
+        f"{os.pathsep!r} in the variable, a list in the file (default: $COSYSERVE_MODEL_DIR, else "
         "~/.cache/cosyserve/models/CosyVoice2-0.5B).",
     )
     profile: Profile = Field(
@@ -182,6 +188,46 @@ class Settings(BaseSettings):
         "reject", description='"reject": the request fails (400 blocked_content); "mask": words become "*".'
     )
 
+    @field_validator("model_dir", mode="before")
+    @classmethod
+    def _model_dirs(cls, value: object) -> object:
+        # One directory (a Path, or text without a separator) is the usual case.
+        if isinstance(value, os.PathLike):
+            return (value,)
+        if isinstance(value, str):
+            return tuple(part for part in value.split(os.pathsep) if part)
+        return value
+
+    @field_validator("model_dir")
+    @classmethod
+    def _distinct_model_dirs(cls, value: tuple[Path, ...]) -> tuple[Path, ...]:
+        if not value:
+            raise ValueError("at least one model directory is needed")
+        seen: dict[str, Path] = {}
+        resolved: set[Path] = set()
+        for path in value:
+            where = path.expanduser().resolve()
+            if where in resolved:
+                raise ValueError(f"model directory {path} is given twice")
+            resolved.add(where)
+            # The directory's name is the model's id in requests (its `model`).
+            if path.name in seen:
+                raise ValueError(
+                    f"model directories {seen[path.name]} and {path} have the same name {path.name!r}, "
+                    "which is the model's id: rename one (or link it under another name)"
+                )
+            seen[path.name] = path
+        return value
+
+    @field_serializer("model_dir")
+    def _model_dirs_as_text(self, value: tuple[Path, ...]) -> str:
+        return os.pathsep.join(str(path) for path in value)
+
+    @property
+    def first_model_dir(self) -> Path:
+        """The default model's directory: the first of ``model_dir``."""
+        return self.model_dir[0]
+
     @field_validator("voices_db", mode="before")
     @classmethod
     def _path_as_text(cls, value: object) -> object:
@@ -280,6 +326,8 @@ def settings_reference() -> list[tuple[str, list[tuple[str, str, str, str]]]]:
         for name in names:
             info = fields[name]
             default = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]
+            if isinstance(default, tuple):  # model_dir: as its variable writes it
+                default = os.pathsep.join(str(part) for part in default)
             shown = "(none)" if default is None or default == "" else str(default)
             rows.append((name, f"COSYSERVE_{name.upper()}", shown, (info.description or "").strip()))
         grouped.append((group, rows))

@@ -3,7 +3,10 @@
 Table ``cosyserve_voices`` (found through the connection's ``search_path``) holds
 :data:`~cosyserve.voices.rows.COLUMNS` (arrays as ``BYTEA``, ``created_at`` as
 ``DOUBLE PRECISION``); its comment names the schema version. The first store to open a
-database creates the table, under an advisory lock, so replicas may start at once.
+database creates the table, under an advisory lock, so replicas may start at once. Another
+model family's voices (:meth:`~cosyserve.voices.VoiceStore.for_family`) are in a table of
+the same columns and comment, ``cosyserve_voices_<family>``, made the same way when first
+asked for.
 
 Needs the ``postgres`` extra (``pip install 'cosyserve[postgres]'``: psycopg 3).
 """
@@ -45,8 +48,8 @@ _DEFAULTS = {
 }
 # Server options put before the URL's own `options`, which may override them.
 _OPTIONS = f"-c statement_timeout={_TIMEOUT_S * 1000}"
-_CREATE = f"""
-CREATE TABLE {TABLE} (
+_CREATE = """
+CREATE TABLE {table} (
     name TEXT PRIMARY KEY NOT NULL,
     prompt_text TEXT NOT NULL,
     prompt_text_ids BYTEA NOT NULL,
@@ -58,7 +61,7 @@ CREATE TABLE {TABLE} (
     feature_version INTEGER NOT NULL
 )
 """
-_INSERT = f"INSERT INTO {TABLE} ({COLUMN_LIST}) VALUES ({', '.join(['%s'] * len(COLUMNS))})"
+_VALUES = f"({COLUMN_LIST}) VALUES ({', '.join(['%s'] * len(COLUMNS))})"
 _REPLACE = ", ".join(f"{column} = EXCLUDED.{column}" for column in COLUMNS[1:])
 # "C": sorted by code point, as SQLite sorts, whatever the database's collation.
 _BY_NAME = 'ORDER BY name COLLATE "C"'
@@ -136,7 +139,7 @@ class PostgresVoiceStore(TableVoiceStore):
         self._pool = ConnectionPool(conninfo, max_size=MAX_CONNECTIONS, timeout=_TIMEOUT_S)
         try:
             with self._pool.connection() as conn:
-                self._prepare(conn)
+                self._prepare(conn, TABLE)
         except psycopg.Error as exc:
             self.close()
             error = (
@@ -147,19 +150,22 @@ class PostgresVoiceStore(TableVoiceStore):
             self.close()
             raise
 
-    def _prepare(self, conn: Connection) -> None:
+    def _ensure_table(self, table: str) -> None:
+        self._run(lambda conn: self._prepare(conn, table), write=True)
+
+    def _prepare(self, conn: Connection, table: str) -> None:
         with conn.transaction():
             conn.execute(f"SELECT pg_advisory_xact_lock({_CREATE_LOCK_KEY})")
-            oid = _one(conn.execute("SELECT to_regclass(%s)::oid", (TABLE,)).fetchone())
+            oid = _one(conn.execute("SELECT to_regclass(%s)::oid", (table,)).fetchone())
             if oid is None:
-                conn.execute(_CREATE)
-                conn.execute(f"COMMENT ON TABLE {TABLE} IS '{_COMMENT}'")
+                conn.execute(_CREATE.format(table=table))
+                conn.execute(f"COMMENT ON TABLE {table} IS '{_COMMENT}'")
                 return
             comment = _one(conn.execute("SELECT obj_description(%s::oid, 'pg_class')", (oid,)).fetchone())
             if comment != _COMMENT:
                 raise VoiceStoreError(
                     f"{self._location} is not a cosyserve voice database of schema version"
-                    f" {_SCHEMA_VERSION} (table {TABLE} has comment {comment!r})"
+                    f" {_SCHEMA_VERSION} (table {table} has comment {comment!r})"
                 )
             rows = conn.execute(
                 "SELECT attname FROM pg_attribute WHERE attrelid = %s::oid AND attnum > 0"
@@ -168,7 +174,7 @@ class PostgresVoiceStore(TableVoiceStore):
             )
             columns = tuple(str(row[0]) for row in rows)
             if columns != COLUMNS:
-                raise VoiceStoreError(f"{self._location}: table {TABLE} has unexpected columns {columns}")
+                raise VoiceStoreError(f"{self._location}: table {table} has unexpected columns {columns}")
 
     @property
     def location(self) -> str:
@@ -180,13 +186,14 @@ class PostgresVoiceStore(TableVoiceStore):
         return self._pool.size
 
     def close(self) -> None:
-        self._pool.close()
+        if self._root is None:  # a family view's pool is its store's
+            self._pool.close()
 
     def put(self, voice: VoicePrompt, *, replace: bool = False) -> None:
         check_voice_name(voice.name)
         row = row_of(voice)
         conflict = f"DO UPDATE SET {_REPLACE}" if replace else "DO NOTHING"
-        if self._write(f"{_INSERT} ON CONFLICT (name) {conflict}", row) == 0:
+        if self._write(f"INSERT INTO {self._table} {_VALUES} ON CONFLICT (name) {conflict}", row) == 0:
             raise VoiceExistsError(f"voice {voice.name!r} already exists")
 
     def _fetch_one(self, query: str, params: Sequence[object]) -> Row | None:

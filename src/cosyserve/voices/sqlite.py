@@ -1,7 +1,9 @@
 """The voice store on SQLite: one file, the default for one machine.
 
 Table ``voices`` holds :data:`~cosyserve.voices.rows.COLUMNS` (arrays as ``BLOB``,
-``created_at`` as ``REAL``); ``PRAGMA user_version`` is the schema version.
+``created_at`` as ``REAL``); ``PRAGMA user_version`` is the schema version. Another model
+family's voices (:meth:`~cosyserve.voices.VoiceStore.for_family`) are in a table of the same
+columns, ``voices_<family>``, made when first asked for.
 """
 
 import logging
@@ -22,7 +24,7 @@ _SCHEMA_VERSION = 1
 # Seconds a write waits for another process's write lock (several workers, one file).
 _BUSY_TIMEOUT_S = 10.0
 _CREATE = """
-CREATE TABLE voices (
+CREATE TABLE {if_missing}{table} (
     name TEXT PRIMARY KEY NOT NULL,
     prompt_text TEXT NOT NULL,
     prompt_text_ids BLOB NOT NULL,
@@ -85,7 +87,7 @@ class SqliteVoiceStore(TableVoiceStore):
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if version == 0 and not tables:
-            conn.execute(_CREATE)
+            conn.execute(_CREATE.format(if_missing="", table="voices"))
             conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
             return
         if version != _SCHEMA_VERSION:
@@ -93,15 +95,32 @@ class SqliteVoiceStore(TableVoiceStore):
                 f"{self.path} is not a cosyserve voice database of schema version {_SCHEMA_VERSION}"
                 f" (found user_version {version})"
             )
-        columns = tuple(row[1] for row in conn.execute("PRAGMA table_info(voices)"))
+        self._check_columns("voices")
+
+    def _check_columns(self, table: str) -> None:
+        columns = tuple(row[1] for row in self._conn.execute(f"PRAGMA table_info({table})"))
         if columns != COLUMNS:
-            raise VoiceStoreError(f"{self.path}: the voices table has unexpected columns {columns}")
+            raise VoiceStoreError(f"{self.path}: the {table} table has unexpected columns {columns}")
+
+    def _ensure_table(self, table: str) -> None:
+        with self._locked():
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(_CREATE.format(if_missing="IF NOT EXISTS ", table=table))
+                conn.execute("COMMIT")
+            finally:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            self._check_columns(table)
 
     @property
     def location(self) -> str:
         return str(self.path)
 
     def close(self) -> None:
+        if self._root is not None:
+            return  # a family view: the store that made it closes the connection
         with self._lock:
             self._closed = True
             self._conn.close()
@@ -111,7 +130,7 @@ class SqliteVoiceStore(TableVoiceStore):
         verb = "INSERT OR REPLACE" if replace else "INSERT"
         placeholders = ", ".join("?" * len(COLUMNS))
         try:
-            self._write(f"{verb} INTO voices ({COLUMN_LIST}) VALUES ({placeholders})", row_of(voice))
+            self._write(f"{verb} INTO {self._table} ({COLUMN_LIST}) VALUES ({placeholders})", row_of(voice))
         except sqlite3.IntegrityError:
             raise VoiceExistsError(f"voice {voice.name!r} already exists") from None
 
@@ -133,7 +152,7 @@ class SqliteVoiceStore(TableVoiceStore):
         """Serialise use of the connection; database failures become :class:`VoiceStoreError`
         (details logged, not shown to clients)."""
         with self._lock:
-            if self._closed:
+            if self._owner._closed:
                 raise VoiceStoreError("the voice store is closed")
             try:
                 yield

@@ -7,6 +7,7 @@ picks one from the ``voices_db`` setting. Both keep the same columns
 (:data:`cosyserve.voices.rows.COLUMNS`) and the same ``.npy`` feature encoding.
 """
 
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from types import TracebackType
@@ -18,6 +19,10 @@ from cosyserve.pipeline.voice import VoicePrompt
 # Bump when the frontend's prompt features change meaning (tokenizer, mel or embedding
 # extraction): voices stored under another version must be registered again.
 FEATURE_VERSION = 1
+# The model family whose voices a store itself holds (those stored before other families
+# could be served); another family's are in a table of their own (VoiceStore.for_family).
+DEFAULT_FAMILY = "cosyvoice2"
+FAMILY_NAME = re.compile(r"[a-z0-9]{1,32}")
 
 
 class VoiceStoreError(CosyserveError):
@@ -85,7 +90,18 @@ class VoiceStore(ABC):
 
     @abstractmethod
     def close(self) -> None:
-        """Release the database connections; calls after it raise :class:`VoiceStoreError`."""
+        """Release the database connections; calls after it raise :class:`VoiceStoreError`.
+        A :meth:`for_family` view's does nothing: the store that made it owns them."""
+
+    def for_family(self, family: str) -> "VoiceStore":
+        """The voices of model family ``family`` (``cosyvoice2``, ``cosyvoice3``): their
+        prompt features come from the family's own speech tokenizer, so one stored voice
+        cannot serve two families. :data:`DEFAULT_FAMILY`'s are this store itself; another
+        family's are a view of this store on a table of their own (made if missing),
+        sharing its connections. Same names, independent entries."""
+        if family == DEFAULT_FAMILY:
+            return self
+        raise VoiceStoreError(f"this voice store keeps no voices of model family {family!r}")
 
     def __enter__(self) -> Self:
         return self

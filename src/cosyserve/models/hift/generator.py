@@ -79,16 +79,7 @@ class HiFTGenerator(nn.Module):
         _check_config(cfg)
         self.cfg = cfg
         self.f0_predictor = F0Predictor(cfg.f0_in_channels, cfg.f0_cond_channels)
-        self.source = HarmonicSource(
-            SourceOptions(
-                sampling_rate=cfg.sampling_rate,
-                upsample=cfg.upsample_factor,
-                harmonics=cfg.nb_harmonics,
-                sine_amp=cfg.nsf_alpha,
-                noise_std=cfg.nsf_sigma,
-                voiced_threshold=cfg.nsf_voiced_threshold,
-            )
-        )
+        self.source = HarmonicSource(SourceOptions.of(cfg))
         pad = _CONV_KERNEL // 2
         self.conv_pre = nn.Conv1d(cfg.in_channels, cfg.base_channels, _CONV_KERNEL, padding=pad)
         self.stages = nn.ModuleList(_UpsampleStage(cfg, i) for i in range(len(cfg.upsample_rates)))

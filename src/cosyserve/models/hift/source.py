@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cosyserve.modeldir.hparams import HiFTConfig
+
 
 @dataclass(frozen=True)
 class Excitation:
@@ -71,6 +73,17 @@ class SourceOptions:
     @property
     def sines(self) -> int:
         return self.harmonics + 1
+
+    @classmethod
+    def of(cls, cfg: HiFTConfig) -> "SourceOptions":
+        return cls(
+            sampling_rate=cfg.sampling_rate,
+            upsample=cfg.upsample_factor,
+            harmonics=cfg.nb_harmonics,
+            sine_amp=cfg.nsf_alpha,
+            noise_std=cfg.nsf_sigma,
+            voiced_threshold=cfg.nsf_voiced_threshold,
+        )
 
 
 class HarmonicSource(nn.Module):

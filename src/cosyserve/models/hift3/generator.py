@@ -152,16 +152,7 @@ class CausalHiFTGenerator(nn.Module):
         self.cfg = cfg
         self.frames = Frames(cfg.istft_n_fft, cfg.istft_hop_len)
         self.f0_predictor = CausalF0Predictor(cfg.f0_in_channels, cfg.f0_cond_channels)
-        self.source = CausalSineSource(
-            SourceOptions(
-                sampling_rate=cfg.sampling_rate,
-                upsample=cfg.upsample_factor,
-                harmonics=cfg.nb_harmonics,
-                sine_amp=cfg.nsf_alpha,
-                noise_std=cfg.nsf_sigma,
-                voiced_threshold=cfg.nsf_voiced_threshold,
-            )
-        )
+        self.source = CausalSineSource(SourceOptions.of(cfg))
         self.conv_pre = nn.Conv1d(cfg.in_channels, cfg.base_channels, cfg.conv_pre_look_right + 1)
         self.stages = nn.ModuleList(_CausalStage(cfg, i) for i in range(len(cfg.upsample_rates)))
         last_ch = cfg.base_channels // 2 ** len(cfg.upsample_rates)

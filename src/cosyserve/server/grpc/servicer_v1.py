@@ -124,8 +124,13 @@ class SpeechServicer(cosyserve_v1_pb2_grpc.SpeechServicer):
         return voices if isinstance(voices, VoiceStore) else None
 
     def _voice_infos(self) -> list[VoiceInfo]:
-        store = self._store()
-        return store.list_info() if store else []
+        """Every family's registered voices, each name once (the default model's first)."""
+        infos: dict[str, VoiceInfo] = {}
+        for registry in self._service.voice_registries():
+            if isinstance(registry, VoiceStore):
+                for info in registry.list_info():
+                    infos.setdefault(info.name, info)
+        return list(infos.values())
 
     @staticmethod
     def _response(data: bytes, encoder: AudioEncoder | None) -> pb.SynthesizeResponse:

@@ -4,8 +4,8 @@ The lifespan starts the :class:`~cosyserve.server.runtime.ServerRuntime` in the 
 (model directory check and audio cache, :mod:`~cosyserve.server.preflight`; then model
 loading while the files are hashed, engine thread, voice store, warm-up), so ``/health``
 answers at once and ``/ready`` turns 200 when synthesis is possible. Routes, wire models
-and the service live in their own modules; routes reach the service through
-``request.app.state.service``.
+and the services live in their own modules; routes reach a model's service through
+the runtime (``request.app.state.runtime``, :mod:`~cosyserve.server.http.deps`).
 """
 
 import asyncio
@@ -46,7 +46,7 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     access = AccessControl.from_settings(settings, pages=playground.PAGE_PATHS)
     guard = InputGuard.from_settings(settings)
     _apply_cuda_alloc_conf()
-    metrics = ServerMetrics(lambda: runtime.service)
+    metrics = ServerMetrics(lambda: runtime.services)
     runtime = ServerRuntime(settings, on_fatal, guard, (AuthInterceptor(access),))
 
     @contextlib.asynccontextmanager
@@ -60,11 +60,11 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
                 if on_fatal is not None:
                     on_fatal()
                 return
-            await runtime.start(prepared.fingerprint, partial(preflight.verify, settings))
+            await runtime.start(prepared.fingerprints, partial(preflight.verify, settings))
             if runtime.plan is not None:
                 metrics.plan.info(runtime.plan.labels())
-            if runtime.service is not None:
-                runtime.service.audio_cache = prepared.audio_cache
+            for service in runtime.services:
+                service.audio_cache = prepared.audio_cache
             app.state.service = runtime.service if runtime.ready else None
 
         starting = asyncio.create_task(start(), name="cosyserve-start")
@@ -82,7 +82,7 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
 
     app = FastAPI(
         title="cosyserve",
-        summary="CosyVoice 2 speech synthesis: OpenAI-compatible API, streaming, voices.",
+        summary="CosyVoice 2 and 3 speech synthesis: OpenAI-compatible API, streaming, voices.",
         lifespan=lifespan,
     )
     app.state.runtime = runtime
@@ -136,7 +136,8 @@ def _start_watchdog(metrics: ServerMetrics, runtime: ServerRuntime) -> "asyncio.
     config = WatchdogConfig()
 
     def idle() -> bool:
-        return runtime.service is not None and runtime.service.in_flight == 0
+        services = runtime.services
+        return bool(services) and all(service.in_flight == 0 for service in services)
 
     watchdog = MemoryWatchdog(config, metrics, idle)
     return asyncio.create_task(watchdog.run(), name="cosyserve-memory-watchdog")

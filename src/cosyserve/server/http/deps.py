@@ -1,4 +1,4 @@
-"""What routes get from the app: the process's runtime and its speech service."""
+"""What routes get from the app: the process's runtime and its models' speech services."""
 
 from fastapi import Request
 
@@ -11,7 +11,8 @@ def runtime_of(request: Request) -> ServerRuntime:
     return runtime
 
 
-def service_of(request: Request) -> SpeechService:
-    """The speech service (``request.app.state.service``), or 503 while the server is
-    starting, draining or stopped."""
-    return runtime_of(request).require_service()
+def service_of(request: Request, model: str | None = None) -> SpeechService:
+    """The speech service of ``model`` (None: the default model), or 503 while the server
+    is starting, draining or stopped; 404 ``model_not_found`` for a model not served
+    (:meth:`~cosyserve.server.runtime.ServerRuntime.require_service`)."""
+    return runtime_of(request).require_service(model)

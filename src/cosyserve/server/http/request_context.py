@@ -49,6 +49,7 @@ class RequestRecord:
     route: str
     started: float = field(default_factory=time.perf_counter)
     voice: str | None = None
+    model: str | None = None  # the id of the model that synthesised
     text: str | None = None
     characters: int = 0
     audio_s: float = 0.0
@@ -123,6 +124,7 @@ class RequestContextMiddleware:
             total_s=total_s,
             first_audio_s=record.first_audio_s,
             audio_s=record.audio_s,
+            model=record.model,
         )
         if record.route in _QUIET_ROUTES and status < 400:
             return  # probes and scrapes would drown the log
@@ -134,6 +136,7 @@ class RequestContextMiddleware:
         }
         if record.voice is not None or record.characters:
             summary.update(
+                model=record.model,
                 voice=record.voice,
                 characters=record.characters,
                 audio_s=round(record.audio_s, 3),

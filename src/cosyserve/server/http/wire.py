@@ -30,7 +30,8 @@ class VoiceRef(BaseModel):
 class SpeechRequest(BaseModel):
     """``POST /v1/audio/speech``: OpenAI's fields, then cosyserve's extensions.
 
-    OpenAI: ``model`` (any name is accepted: one model is served), ``input``, ``voice``
+    OpenAI: ``model`` (the served model's id or family name; with one model served any
+    name is accepted), ``input``, ``voice``
     (a registered voice or a built-in speaker, by name or as ``{"id": name}``),
     ``response_format``, ``speed`` (non-streaming only), ``instructions`` (CosyVoice 2's
     instruct2 mode, e.g. "用四川话说这句话"), ``stream_format`` (``sse``: server-sent
@@ -78,10 +79,12 @@ class ModelList(BaseModel):
 
 class Health(BaseModel):
     """``GET /health``: the process answers. ``plan``: the speed plan it runs (its fields as
-    text, see :meth:`cosyserve.accel.plan.Plan.labels`), once chosen at start."""
+    text, see :meth:`cosyserve.accel.plan.Plan.labels`), once chosen at start: the default
+    model's. ``plans``: each loaded model's, by model id."""
 
     status: Literal["ok"] = "ok"
     plan: dict[str, str] | None = None
+    plans: dict[str, dict[str, str]] = Field(default_factory=dict)
 
 
 class Readiness(BaseModel):
@@ -90,6 +93,9 @@ class Readiness(BaseModel):
     ``status``: starting | ready | draining | stopped | failed | engine_dead.
     ``in_flight``: requests admitted and not finished (synthesising or queued);
     ``engine_requests``: requests inside the engine; ``capacity``: max_active + max_queued.
+    With several models served, ``model`` is the default's id, the counts add up every
+    model's, ``capacity`` is per model, and ``models`` tells each one's state by id:
+    ``loading``, ``warming_up``, ``ready`` or ``engine_dead``.
     """
 
     status: str
@@ -98,3 +104,4 @@ class Readiness(BaseModel):
     in_flight: int
     engine_requests: int
     capacity: int
+    models: dict[str, str] = Field(default_factory=dict)

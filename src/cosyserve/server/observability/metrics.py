@@ -6,7 +6,7 @@ engine and process state is read at scrape time from the speech service
 :class:`~cosyserve.server.observability.watchdog.MemoryWatchdog`. ``GET /metrics`` serves the text format.
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,6 +25,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from cosyserve.engine.stats import EngineStats
     from cosyserve.server.service import SpeechService
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -41,10 +42,12 @@ async def metrics(request: Request) -> Response:
 
 
 class ServerMetrics:
-    """The metrics of one process. ``service`` returns the speech service once it exists
-    (None before the model is loaded), for the engine gauges read at scrape time."""
+    """The metrics of one process. ``services`` returns the speech services built so far
+    (one per model; none before a model is loaded), for the engine gauges read at scrape
+    time: the unlabelled ones add up every model's engine (``cosyserve_engine_alive``: 1
+    while all run), the ``cosyserve_model_*`` ones are per model."""
 
-    def __init__(self, service: "Callable[[], SpeechService | None]" = lambda: None) -> None:
+    def __init__(self, services: "Callable[[], Sequence[SpeechService]]" = lambda: ()) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -74,6 +77,15 @@ class ServerMetrics:
         self.audio_seconds = Counter(
             "cosyserve_audio_seconds", "Seconds of audio produced.", ["route"], registry=r
         )
+        self.model_requests = Counter(
+            "cosyserve_model_requests",
+            "Synthesis requests (HTTP) by model id, route and status.",
+            ["model", "route", "status"],
+            registry=r,
+        )
+        self.model_audio_seconds = Counter(
+            "cosyserve_model_audio_seconds", "Seconds of audio produced, by model id.", ["model"], registry=r
+        )
         self.memory_growth = Gauge(
             "cosyserve_memory_growth_bytes",
             "Growth over the memory watchdog's window of idle samples (rss, cuda_allocated).",
@@ -89,12 +101,24 @@ class ServerMetrics:
             registry=r,
         )
         ProcessCollector(registry=r)  # process_resident_memory_bytes, CPU seconds, open fds
-        r.register(_EngineCollector(service))
+        r.register(_EngineCollector(services))
 
     def observe_request(
-        self, *, route: str, status: int, total_s: float, first_audio_s: float | None, audio_s: float
+        self,
+        *,
+        route: str,
+        status: int,
+        total_s: float,
+        first_audio_s: float | None,
+        audio_s: float,
+        model: str | None = None,
     ) -> None:
+        """``model``: the id of the model that synthesised (None: the request reached none)."""
         self.requests.labels(route, str(status)).inc()
+        if model is not None:
+            self.model_requests.labels(model, route, str(status)).inc()
+            if audio_s > 0:
+                self.model_audio_seconds.labels(model).inc(audio_s)
         self.request_seconds.labels(route).observe(total_s)
         if first_audio_s is not None:
             self.first_audio_seconds.labels(route).observe(first_audio_s)
@@ -106,59 +130,76 @@ class ServerMetrics:
 class _EngineCollector(Collector):
     """Engine, queue and device gauges, read when scraped."""
 
-    def __init__(self, service: "Callable[[], SpeechService | None]") -> None:
-        self._service = service
+    def __init__(self, services: "Callable[[], Sequence[SpeechService]]") -> None:
+        self._services = services
 
     def collect(self) -> Iterator[Metric]:
-        service = self._service()
-        if service is not None:
-            async_engine = service.engine
-            engine = async_engine.engine
-            stats = engine.stats.snapshot()
+        services = list(self._services())
+        if services:
+            engines = [service.engine for service in services]
+            snapshots = [engine.engine.stats.snapshot() for engine in engines]
+
+            def total(field: str) -> float:
+                return float(sum(getattr(stats, field) for stats in snapshots))
+
             yield _gauge(
-                "cosyserve_engine_alive", "1 while the engine thread runs.", float(async_engine.alive)
+                "cosyserve_engine_alive",
+                "1 while the engine thread runs (every model's).",
+                float(all(engine.alive for engine in engines)),
             )
             yield _gauge(
-                "cosyserve_requests_in_flight", "Requests admitted and not finished.", service.in_flight
+                "cosyserve_requests_in_flight",
+                "Requests admitted and not finished.",
+                sum(service.in_flight for service in services),
             )
             yield _gauge(
-                "cosyserve_active_streams", "Requests inside the engine.", async_engine.active_requests
+                "cosyserve_active_streams",
+                "Requests inside the engine.",
+                sum(engine.active_requests for engine in engines),
             )
             yield _gauge(
-                "cosyserve_queue_depth", "Requests waiting for a KV slot.", len(engine.scheduler.waiting)
+                "cosyserve_queue_depth",
+                "Requests waiting for a KV slot.",
+                sum(len(engine.engine.scheduler.waiting) for engine in engines),
             )
             yield _gauge(
-                "cosyserve_lm_batch_size", "Requests in the latest LM decode step.", stats.last_decode_batch
+                "cosyserve_lm_batch_size",
+                "Requests in the latest LM decode step.",
+                max(stats.last_decode_batch for stats in snapshots),
             )
-            tokens_per_s = stats.decoded_tokens / stats.decode_s if stats.decode_s else 0.0
+            decode_s = total("decode_s")
+            tokens_per_s = total("decoded_tokens") / decode_s if decode_s else 0.0
             yield _gauge(
                 "cosyserve_lm_tokens_per_second", "Decoded speech tokens per decode second.", tokens_per_s
             )
-            yield _counter("cosyserve_lm_decoded_tokens", "Speech tokens decoded.", stats.decoded_tokens)
-            yield _counter("cosyserve_lm_prefill_tokens", "Tokens prefilled.", stats.prefill_tokens)
-            yield _counter("cosyserve_lm_decode_steps", "Batched LM decode steps.", stats.decode_steps)
+            yield _counter("cosyserve_lm_decoded_tokens", "Speech tokens decoded.", total("decoded_tokens"))
+            yield _counter("cosyserve_lm_prefill_tokens", "Tokens prefilled.", total("prefill_tokens"))
+            yield _counter("cosyserve_lm_decode_steps", "Batched LM decode steps.", total("decode_steps"))
             for stage in ("prefill", "decode", "flow", "hift"):
                 yield _counter(
-                    f"cosyserve_{stage}_seconds",
-                    f"Wall seconds spent in {stage}.",
-                    getattr(stats, f"{stage}_s"),
+                    f"cosyserve_{stage}_seconds", f"Wall seconds spent in {stage}.", total(f"{stage}_s")
                 )
             # token2wav batches chunks of several requests: calls and the chunks they carried.
-            yield _counter("cosyserve_flow_calls", "Flow (token-to-mel) batched calls.", stats.flow_calls)
-            yield _counter("cosyserve_flow_chunks", "Chunks through the flow.", stats.flow_rows)
-            yield _counter("cosyserve_hift_calls", "HiFT (mel-to-wave) batched calls.", stats.hift_calls)
-            yield _counter("cosyserve_hift_chunks", "Chunks through HiFT.", stats.hift_rows)
+            yield _counter("cosyserve_flow_calls", "Flow (token-to-mel) batched calls.", total("flow_calls"))
+            yield _counter("cosyserve_flow_chunks", "Chunks through the flow.", total("flow_rows"))
+            yield _counter("cosyserve_hift_calls", "HiFT (mel-to-wave) batched calls.", total("hift_calls"))
+            yield _counter("cosyserve_hift_chunks", "Chunks through HiFT.", total("hift_rows"))
             yield _counter(
                 "cosyserve_flow_cache_refusals",
                 "Streamed segments recomputed per chunk: the flow stream cache budget was full.",
-                stats.flow_cache_refusals,
+                total("flow_cache_refusals"),
             )
             errors = CounterMetricFamily(
                 "cosyserve_engine_errors", "Requests the engine failed, by error code.", labels=["kind"]
             )
-            for kind, count in sorted(stats.failures.items()):
+            failures: dict[str, int] = {}
+            for stats in snapshots:
+                for kind, count in stats.failures.items():
+                    failures[kind] = failures.get(kind, 0) + count
+            for kind, count in sorted(failures.items()):
                 errors.add_metric([kind], count)
             yield errors
+            yield from _per_model(services, snapshots)
         if torch.cuda.is_available():
             yield _gauge(
                 "cosyserve_cuda_memory_allocated_bytes",
@@ -170,6 +211,25 @@ class _EngineCollector(Collector):
                 "CUDA memory reserved by the caching allocator.",
                 torch.cuda.memory_reserved(),
             )
+
+
+def _per_model(services: "Sequence[SpeechService]", snapshots: "list[EngineStats]") -> Iterator[Metric]:
+    alive = GaugeMetricFamily(
+        "cosyserve_model_engine_alive", "1 while the model's engine thread runs.", labels=["model"]
+    )
+    in_flight = GaugeMetricFamily(
+        "cosyserve_model_requests_in_flight",
+        "The model's requests admitted and not finished.",
+        labels=["model"],
+    )
+    decoded = CounterMetricFamily(
+        "cosyserve_model_lm_decoded_tokens", "Speech tokens the model decoded.", labels=["model"]
+    )
+    for service, stats in zip(services, snapshots, strict=True):
+        alive.add_metric([service.model_id], float(service.engine.alive))
+        in_flight.add_metric([service.model_id], service.in_flight)
+        decoded.add_metric([service.model_id], stats.decoded_tokens)
+    yield from (alive, in_flight, decoded)
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

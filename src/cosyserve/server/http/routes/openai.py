@@ -30,7 +30,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
     """Text to speech. Errors before the first audio byte have their own status (400, 404,
     429 with Retry-After, 503, 504); the whole file unless ``stream`` or ``stream_format``
     is ``sse``."""
-    service = service_of(request)
+    service = service_of(request, body.model)
     limit = runtime_of(request).settings.max_text_chars
     if len(body.input) > limit:
         raise InvalidRequestError(f"input is longer than {limit} characters")
@@ -73,13 +73,16 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> ModelList:
-    """The one model this server runs (any ``model`` name is accepted by the speech route)."""
-    settings = runtime_of(request).settings
-    try:
-        created = int(settings.model_dir.stat().st_mtime)
-    except OSError:
-        created = 0
-    return ModelList(data=[ModelCard(id=settings.model_dir.name, created=created)])
+    """The models this server runs, the default first. With one, the speech route accepts
+    any ``model`` name; with several, ``model`` picks one by id (or family name)."""
+    cards = []
+    for path in runtime_of(request).settings.model_dir:
+        try:
+            created = int(path.stat().st_mtime)
+        except OSError:
+            created = 0
+        cards.append(ModelCard(id=path.name, created=created))
+    return ModelList(data=cards)
 
 
 class _Usage:

@@ -27,9 +27,15 @@ async def tts(
     seed: Annotated[int | None, Query(ge=0, lt=2**63)] = None,
     min_tokens: Annotated[int | None, Query(ge=1, le=MAX_FORCED_TOKENS)] = None,
     max_tokens: Annotated[int | None, Query(ge=1, le=MAX_FORCED_TOKENS)] = None,
+    model: Annotated[
+        str | None,
+        Query(
+            min_length=1, max_length=256, description="Model id or family name (default: the first served)."
+        ),
+    ] = None,
 ) -> Response:
     """16-bit mono WAV at 24 kHz: a whole file with exact sizes, or streamed with ``stream``."""
-    service = service_of(request)
+    service = service_of(request, model)
     limit = runtime_of(request).settings.max_tts_text_chars
     if len(text) > limit:
         raise InvalidRequestError(f"text is longer than {limit} characters")

@@ -1,8 +1,9 @@
 """Voice registration: ``/v1/audio/voices``.
 
 A registered voice's prompt features (speech tokens, mel, speaker embedding, transcript
-ids) are computed once, at registration, and stored; afterwards ``voice=<name>`` works
-in every mode of ``/v1/audio/speech`` (zero_shot when the voice has a transcript,
+ids) are computed once, at registration, and stored (once for each model family served:
+CosyVoice 2 and 3 have their own speech tokenizers); afterwards ``voice=<name>`` works,
+with every model served, in every mode of ``/v1/audio/speech`` (zero_shot when the voice has a transcript,
 cross_lingual, instruct2 with ``instructions``), in ``/inference_sft`` and the WebSocket.
 """
 
@@ -16,7 +17,7 @@ from cosyserve.errors import InvalidRequestError
 from cosyserve.pipeline.voice import VoicePrompt, check_voice_name
 from cosyserve.server.http.deps import service_of
 from cosyserve.server.http.forms import read_form, read_upload, text_field
-from cosyserve.server.service import SpeechService
+from cosyserve.server.service import SpeechService, VoiceRegistry
 from cosyserve.voices import VoiceStore
 
 router = APIRouter(prefix="/v1/audio/voices", tags=["voices"])
@@ -55,20 +56,30 @@ def _builtin(voice_name: str) -> VoiceEntry:
     return VoiceEntry(name=voice_name, kind="builtin", modes=["sft"])
 
 
-def _entries(service: SpeechService) -> list[VoiceEntry]:
-    registry = service.voices
+def _registered_in(registry: VoiceRegistry) -> list[VoiceEntry]:
     if isinstance(registry, VoiceStore):
-        registered = [
+        return [
             _registered(i.name, bool(i.prompt_text), i.created_at, i.audio_sha256)
             for i in registry.list_info()
         ]
-    else:  # another registry (tests, embedding): no creation times
-        registered = []
-        for name in registry.names():
-            voice = registry.get(name)
-            if voice is not None:
-                registered.append(_registered(name, bool(voice.prompt_text_ids), None, voice.audio_sha256))
-    return registered + [_builtin(name) for name in sorted(service.model.speakers)]
+    registered = []  # another registry (tests, embedding): no creation times
+    for name in registry.names():
+        voice = registry.get(name)
+        if voice is not None:
+            registered.append(_registered(name, bool(voice.prompt_text_ids), None, voice.audio_sha256))
+    return registered
+
+
+def _entries(service: SpeechService) -> list[VoiceEntry]:
+    """Registered voices (each once, though each model family served keeps its own
+    features), then the built-in speakers of every model served."""
+    registered: dict[str, VoiceEntry] = {}
+    for registry in service.voice_registries():
+        for entry in _registered_in(registry):
+            registered.setdefault(entry.name, entry)
+    return [registered[name] for name in sorted(registered)] + [
+        _builtin(name) for name in service.builtin_names()
+    ]
 
 
 @router.get("", summary="List registered and built-in voices")
@@ -108,7 +119,7 @@ async def add_voice(request: Request) -> VoiceEntry:
 async def delete_voice(name: str, request: Request) -> Response:
     service = service_of(request)
     check_voice_name(name)
-    if name in service.model.speakers:
+    if service.is_builtin(name):
         raise InvalidRequestError(f"voice {name!r} is built in and cannot be deleted")
     await asyncio.to_thread(service.delete_voice, name)
     return Response(status_code=204)
