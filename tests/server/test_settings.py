@@ -26,7 +26,7 @@ def test_defaults(tmp_path: Path) -> None:
         50051,
         1,
     )
-    assert settings.max_text_chars == 2000 and settings.max_tts_text_chars == 200
+    assert settings.max_text_chars == 2000 and settings.pronunciations == ""
     assert settings.model_dir == (tmp_path / "cache" / "cosyserve" / "models" / "CosyVoice2-0.5B",)
     assert settings.first_model_dir == settings.model_dir[0]
     assert Path(settings.voices_db).parent == tmp_path / "cache" / "cosyserve"

@@ -48,7 +48,7 @@ def test_streamed_wav(server: ServerProcess) -> None:
 @pytest.mark.parametrize(
     ("params", "status"),
     [
-        ({"text": "x" * 201}, 400),
+        ({"text": "x" * 2001}, 400),  # max_text_chars
         ({"text": ""}, 422),
         ({"voice": "nobody"}, 404),
         ({"min_tokens": 0}, 422),

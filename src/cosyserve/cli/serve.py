@@ -58,6 +58,14 @@ def serve(
             help="Voice of requests that name none (default: the first built-in).", rich_help_panel=_MODEL
         ),
     ] = None,
+    pronunciations: Annotated[
+        str | None,
+        typer.Option(
+            help="Pronunciation dictionary file, reloaded on SIGHUP (docs/cosyvoice3.md).",
+            rich_help_panel=_MODEL,
+            show_default=False,
+        ),
+    ] = None,
     voices_db: Annotated[
         str | None,
         typer.Option(
@@ -130,6 +138,7 @@ def serve(
         flow_quantize=flow_quantize,
         device=device,
         default_voice=default_voice,
+        pronunciations=pronunciations,
         voices_db=voices_db,
         host=host,
         port=port,

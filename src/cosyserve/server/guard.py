@@ -5,9 +5,9 @@ and carriage return) are refused with a stable 400; sensitive words from a list 
 matched by one Aho-Corasick pass (:mod:`~cosyserve.server.wordfilter`), either refuse the
 request (``blocked_content``, 400) or are masked with ``*``. The word file is read at
 start and again on :meth:`InputGuard.reload` (SIGHUP); a reload that fails keeps the old
-list. Text length limits per endpoint are checked by the routes (``max_text_chars``,
-``max_tts_text_chars``), upload size by the body limit, and prompt duration by
-:attr:`max_prompt_audio_s`. Neither the text nor the matched words are ever logged.
+list. Text length is checked by the routes (``max_text_chars``), upload size by the body
+limit, and prompt duration by :attr:`max_prompt_audio_s`. Neither the text nor the
+matched words are ever logged.
 """
 
 import dataclasses

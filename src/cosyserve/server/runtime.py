@@ -35,6 +35,7 @@ from cosyserve.server.error_map import ModelNotFoundError, NotReadyError
 from cosyserve.server.grpc import GrpcConfig, start_grpc_server
 from cosyserve.server.guard import InputGuard
 from cosyserve.server.guarded_service import GuardedService
+from cosyserve.server.pronunciations import PronunciationFile
 from cosyserve.server.service import ServiceLimits, SpeechService
 from cosyserve.server.settings import Settings
 from cosyserve.voices import VoiceStore, open_voice_store
@@ -74,6 +75,7 @@ class ServerRuntime:
         self.service: SpeechService | None = None  # the default model's
         # Every model's service by id, in model_dir's order, as each is built.
         self.models: dict[str, SpeechService] = {}
+        self._pronunciations: PronunciationFile | None = None
         self._aliases: dict[str, str] = {}
         self._warmed: set[str] = set()
         self._on_fatal = on_fatal
@@ -166,6 +168,8 @@ class ServerRuntime:
                     self.plan = service.model.plan
                     self.service = service
             self._aliases = _family_aliases(self.models)
+            self._pronunciations = PronunciationFile(settings.pronunciations)
+            self._pronunciations.apply(self.services)
             for service in self.models.values():
                 service.peers = tuple(other for other in self.models.values() if other is not service)
             if settings.grpc_port:
@@ -196,6 +200,18 @@ class ServerRuntime:
             ", ".join(str(path) for path in settings.model_dir),
             time.perf_counter() - started,
         )
+
+    def reload_pronunciations(self) -> bool:
+        """Read the pronunciation dictionary again (SIGHUP) for every served model; a file
+        that fails to read or parse keeps the dictionaries in use. True if replaced."""
+        if self._pronunciations is None:
+            return False
+        try:
+            self._pronunciations.apply(self.services)
+        except CosyserveError as exc:
+            logger.error("pronunciations not reloaded, the old ones stay: %s", exc)
+            return False
+        return True
 
     async def _start_model(
         self, path: Path, plan: Plan, threads: int, fingerprint: str | None

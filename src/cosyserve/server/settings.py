@@ -94,6 +94,11 @@ class Settings(BaseSettings):
         description="Voice of requests that name none (GET /tts): a built-in speaker, an alias "
         "(zh_female, zh_male, en_female, en_male) or a registered voice; empty: the first built-in.",
     )
+    pronunciations: str = Field(
+        "",
+        description="Pronunciation dictionary: a file of words and how to say them, one a line "
+        "(docs/cosyvoice3.md); reloaded on SIGHUP. Empty: none.",
+    )
     voices_db: str = Field(
         default_factory=_default_voices_db,
         min_length=1,
@@ -124,9 +129,8 @@ class Settings(BaseSettings):
         300.0, ge=0, description="A request's whole-life limit in seconds (504 past it); 0: none."
     )
     max_text_chars: int = Field(
-        2000, ge=1, le=1_000_000, description="Longest input text of POST /v1/audio/speech."
+        2000, ge=1, le=1_000_000, description="Longest input text of a request (every route)."
     )
-    max_tts_text_chars: int = Field(200, ge=1, le=1_000_000, description="Longest text of GET /tts.")
     max_upload_bytes: int = Field(
         10 * 1024 * 1024, ge=1024, description="Largest request body (prompt audio uploads); 413 past it."
     )
@@ -298,12 +302,13 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
     for group, names in (
         (
             "model",
-            "model_dir profile device dtype quantize flow_quantize verify_model default_voice voices_db",
+            "model_dir profile device dtype quantize flow_quantize verify_model default_voice pronunciations "
+            "voices_db",
         ),
         ("server", "host port grpc_port workers shutdown_grace_s"),
         (
             "limits",
-            "max_active max_queued deadline_s max_text_chars max_tts_text_chars max_upload_bytes "
+            "max_active max_queued deadline_s max_text_chars max_upload_bytes "
             "max_prompt_audio_s rate_limit_rpm rate_limit_audio_s flow_prompt_cache_mb audio_cache_mb",
         ),
         (

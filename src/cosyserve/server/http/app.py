@@ -69,7 +69,7 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
 
         starting = asyncio.create_task(start(), name="cosyserve-start")
         watching = _start_watchdog(metrics, runtime)
-        reloads = _reload_on_sighup(guard)
+        reloads = _reload_on_sighup(guard, runtime)
         try:
             yield
         finally:
@@ -104,13 +104,15 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     return app
 
 
-def _reload_on_sighup(guard: InputGuard) -> Callable[[], None]:
-    """Reload the sensitive-word list on SIGHUP; returns the undo. Only the main thread
-    can own signals (an app run by a test client in another thread does without)."""
+def _reload_on_sighup(guard: InputGuard, runtime: ServerRuntime) -> Callable[[], None]:
+    """Reload the sensitive-word list and the pronunciation dictionary on SIGHUP; returns
+    the undo. Only the main thread can own signals (an app run by a test client in another
+    thread does without)."""
     loop = asyncio.get_running_loop()
 
     def reload() -> None:
         loop.run_in_executor(None, guard.reload)
+        loop.run_in_executor(None, runtime.reload_pronunciations)
 
     try:
         loop.add_signal_handler(signal.SIGHUP, reload)

@@ -36,7 +36,7 @@ async def tts(
 ) -> Response:
     """16-bit mono WAV at 24 kHz: a whole file with exact sizes, or streamed with ``stream``."""
     service = service_of(request, model)
-    limit = runtime_of(request).settings.max_tts_text_chars
+    limit = runtime_of(request).settings.max_text_chars
     if len(text) > limit:
         raise InvalidRequestError(f"text is longer than {limit} characters")
     params = SpeechParams(
