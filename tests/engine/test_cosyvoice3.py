@@ -16,7 +16,7 @@ from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids
 from cosyserve.engine.loader import LoadedModel, load_model
 from cosyserve.engine.request import GenerationSpec, generators_for
 from cosyserve.engine.token2wav3 import Token2Wav3
-from cosyserve.models.dit import Flow3
+from cosyserve.models.dit import Flow3, Flow3PromptCache
 from cosyserve.models.hift3 import CausalHiFTGenerator
 from cosyserve.models.lm3 import CosyVoice3LM
 from tests.engine.helpers import assert_same
@@ -34,7 +34,7 @@ def test_a_cosyvoice3_directory_loads_its_own_modules(model3: LoadedModel) -> No
     assert model3.features.speech_tokenizer is not None
     engine = make_engine(model3)
     assert isinstance(engine.token2wav, Token2Wav3)
-    assert engine.flow_prompt_cache is None
+    assert isinstance(engine.flow_prompt_cache, Flow3PromptCache)  # primed voice prompts
 
 
 def test_requests_together_equal_requests_alone(model3: LoadedModel) -> None:
@@ -107,7 +107,7 @@ def test_the_plan_shows_what_a_cosyvoice3_flow_runs(tiny3_model_dir: Path) -> No
     plan = choose_plan(Machine.detect(), Profile.FAST, Choices(flow_quantize=FlowQuantization.FP16))
     model = load_model(tiny3_model_dir, plan)
     assert model.plan.precision.flow_quantize is FlowQuantization.NONE
-    assert not (model.plan.traced_flow or model.plan.packed_bf16 or model.plan.flow_prompt_whole)
+    assert not (model.plan.traced_flow or model.plan.packed_bf16)
     assert model.plan.precision.quantize is plan.precision.quantize  # the LM's choices stay
     assert "with fp16 weights" not in model.plan.precision.describe()
 

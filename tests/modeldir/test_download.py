@@ -161,11 +161,11 @@ def test_download_command(hub: tuple[str, HubState], tmp_path: Path, monkeypatch
 def test_cosyvoice3_snapshot_with_its_rl_lm(tmp_path: Path) -> None:
     """Fun-CosyVoice3-0.5B-2512: its own yaml and speech tokenizer, and the RL-tuned LM."""
     root = tmp_path / "repo3"
-    used = {
-        name: size
-        for name, size in USED.items()
-        if name not in (YAML_FILE, SPEECH_TOKENIZER_FILE)
-    } | {"cosyvoice3.yaml": 2_000, "speech_tokenizer_v3.onnx": 120_000, "llm.rl.pt": 1 << 20}
+    used = {name: size for name, size in USED.items() if name not in (YAML_FILE, SPEECH_TOKENIZER_FILE)} | {
+        "cosyvoice3.yaml": 2_000,
+        "speech_tokenizer_v3.onnx": 120_000,
+        "llm.rl.pt": 1 << 20,
+    }
     files = {}
     for name, size in {**used, **UNUSED}.items():
         path = root / name

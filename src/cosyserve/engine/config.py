@@ -41,7 +41,9 @@ class EngineConfig:
     prompt ends on or just after a block boundary (a 3 s prompt does), a stream's first
     chunk no longer recomputes the prompt's last block (10 frames instead of 60), at the
     cost of a small deviation from upstream, largest in the first chunk
-    (``docs/streaming.md``, "Primed voice prompts"). Needs the prompt cache.
+    (``docs/streaming.md``, "Primed voice prompts"). Needs the prompt cache. Both apply to
+    CosyVoice 3 streams too (``Flow3PromptCache``: a 3 s prompt primes 100 frames, 348 MiB
+    in fp32 on the full model, or 150 frames primed whole).
     ``flow_stream_cache_mb``: MiB the streams' incremental flow caches may hold together
     (0: no bound). Each streamed segment reserves the most its cache can reach (on the
     full model in bf16, per mel frame of prompt + tokens: 0.56 MiB with compact caches,

@@ -30,7 +30,7 @@ from cosyserve.engine.token2wav import ChunkWork, Token2Wav
 from cosyserve.engine.token2wav3 import DEFAULT_CACHE_BUDGET_MB, Token2Wav3
 from cosyserve.errors import CosyserveError, InvalidRequestError
 from cosyserve.logging_setup import request_scope
-from cosyserve.models.dit import Flow3
+from cosyserve.models.dit import Flow3, Flow3PromptCache
 from cosyserve.models.flow.flow import Flow
 from cosyserve.models.flow.prompt_cache import FlowPromptCache
 from cosyserve.models.flow.step_graph import CudaStepCapture
@@ -112,8 +112,12 @@ class Engine:
             if not isinstance(hift, CausalHiFTGenerator):
                 raise TypeError("CosyVoice 3's flow needs its causal vocoder")
             budget = config.flow_stream_cache_mb or DEFAULT_CACHE_BUDGET_MB
+            prompt_cache3 = None
+            if config.flow_prompt_cache_mb > 0 and config.flow_cache != "exact":
+                mb, whole = config.flow_prompt_cache_mb, config.flow_prompt_whole
+                prompt_cache3 = Flow3PromptCache(flow, mb << 20, whole)
             self.token2wav = Token2Wav3(
-                flow, hift, self.stats, config.flow_cache, budget << 20, self._flow_reserved
+                flow, hift, self.stats, config.flow_cache, budget << 20, self._flow_reserved, prompt_cache3
             )
             self._hop = flow.cfg.dit.static_chunk_size // flow.cfg.token_mel_ratio
         else:
@@ -195,8 +199,8 @@ class Engine:
         return self.lm_runner.prefix_cache
 
     @property
-    def flow_prompt_cache(self) -> FlowPromptCache | None:
-        return self.token2wav.prompt_cache if isinstance(self.token2wav, Token2Wav) else None
+    def flow_prompt_cache(self) -> FlowPromptCache | Flow3PromptCache | None:
+        return self.token2wav.prompt_cache
 
     def has_work(self) -> bool:
         return bool(self._requests)

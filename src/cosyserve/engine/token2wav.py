@@ -163,7 +163,7 @@ class Token2Wav:
                 spec.flow_prompt_tokens, spec.flow_prompt_mel, spec.embedding, self.compact_caches
             )
         if self._reserves_caches:
-            cache.reserve(self._stream_tokens(item), self.flow.token_mel_ratio)
+            cache.reserve(stream_tokens(item), self.flow.token_mel_ratio)
         return cache
 
     def _flow_full(self, work: Sequence[ChunkWork]) -> list[Tensor]:
@@ -216,34 +216,15 @@ class Token2Wav:
         more compute, no cache)."""
         if not self.cache_budget:
             return True
-        seg = item.seg
-        need = self.flow.stream_cache_bytes(self._stream_tokens(item), self.compact_caches)
+        need = self.flow.stream_cache_bytes(stream_tokens(item), self.compact_caches)
         if not self._reserves_caches:
             need = 3 * need // 2  # the growth slack of unreserved buffers
         assert self.reserved_bytes is not None  # checked with the budget
-        if self.reserved_bytes() + need > self.cache_budget:
-            seg.flow_exact = True
-            self.stats.flow_cache_refusals += 1
-            logger.info(
-                "request %s: its flow stream cache (%d MiB) does not fit the budget; recomputing each chunk",
-                item.request.spec.log_id or item.request.id,
-                need >> 20,
-            )
-            return False
-        seg.flow_reserved = need
-        return True
+        return reserve_stream_cache(item, need, self.cache_budget - self.reserved_bytes(), self.stats)
 
     @property
     def _reserves_caches(self) -> bool:
         return self.flow.speaker_proj.weight.device.type == "cpu"
-
-    @staticmethod
-    def _stream_tokens(item: ChunkWork) -> int:
-        """The most tokens ``item``'s segment's flow cache can hold: the voice prompt's and
-        the segment's longest output."""
-        seg = item.seg
-        longest = seg.limits.max_tokens if seg.limits is not None else len(seg.tokens)
-        return int(item.request.spec.flow_prompt_tokens.numel()) + longest
 
     # -- HiFT ---------------------------------------------------------------------------------
 
@@ -304,6 +285,32 @@ class Token2Wav:
         audio: np.ndarray = wave[0].float().cpu().numpy()
         self.stats.audio_samples += int(audio.size)
         return audio
+
+
+def reserve_stream_cache(item: ChunkWork, need: int, room: int, stats: EngineStats) -> bool:
+    """Reserve ``need`` bytes for ``item``'s segment's flow stream cache if ``room`` has
+    them; if not, the segment recomputes every chunk as ``"exact"`` does (upstream's
+    output, more compute, no cache), and the log says so."""
+    seg = item.seg
+    if need > room:
+        seg.flow_exact = True
+        stats.flow_cache_refusals += 1
+        logger.info(
+            "request %s: its flow stream cache (%d MiB) does not fit the budget; recomputing each chunk",
+            item.request.spec.log_id or item.request.id,
+            need >> 20,
+        )
+        return False
+    seg.flow_reserved = need
+    return True
+
+
+def stream_tokens(item: ChunkWork) -> int:
+    """The most tokens ``item``'s segment's flow cache can hold: the voice prompt's and
+    the segment's longest output."""
+    seg = item.seg
+    longest = seg.limits.max_tokens if seg.limits is not None else len(seg.tokens)
+    return int(item.request.spec.flow_prompt_tokens.numel()) + longest
 
 
 def run_each(call: Callable[[_In], _Out], inputs: Sequence[_In]) -> list[_Out | Exception]:

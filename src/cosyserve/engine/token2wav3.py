@@ -19,9 +19,12 @@ guidance rows: 3.6 MB per mel frame in float32 on the released model, so 1.6 GB 
 (:data:`DEFAULT_CACHE_BUDGET_MB` unless the engine's ``flow_stream_cache_mb`` says
 otherwise): a stream whose cache does not fit beside the others' recomputes its chunks as
 ``"exact"`` does, with upstream's cost and memory.
+
+``prompt_cache`` (:class:`~cosyserve.models.dit.Flow3PromptCache`): a new stream starts
+from its voice's primed prompt frames, so its first chunk skips them (docs/streaming.md,
+"Primed voice prompts").
 """
 
-import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -31,12 +34,9 @@ from torch import Tensor
 
 from cosyserve.engine.config import FLOW_CACHE_MODES, FlowCacheMode
 from cosyserve.engine.stats import EngineStats
-from cosyserve.engine.token2wav import ChunkWork, run_each
-from cosyserve.models.dit import Flow3, Flow3Stream, stream_cache_bytes
+from cosyserve.engine.token2wav import ChunkWork, reserve_stream_cache, run_each, stream_tokens
+from cosyserve.models.dit import Flow3, Flow3PromptCache, Flow3Stream, stream_cache_bytes
 from cosyserve.models.hift3 import CausalHiFTGenerator, CausalHiFTStream
-
-logger = logging.getLogger(__name__)
-
 
 # Four 6 s streams with 3 s prompts in float32 on the released model.
 DEFAULT_CACHE_BUDGET_MB = 6 * 1024
@@ -57,9 +57,11 @@ class Token2Wav3:
         flow_cache: FlowCacheMode = "exact",
         cache_budget: int = DEFAULT_CACHE_BUDGET_MB << 20,
         reserved_bytes: Callable[[], int] = lambda: 0,
+        prompt_cache: Flow3PromptCache | None = None,
     ) -> None:
         """``reserved_bytes``: what the running streams' caches have reserved (the engine
-        sums its segments' ``flow_reserved``)."""
+        sums its segments' ``flow_reserved``); ``prompt_cache``: primed voice prompts that
+        new streams start from, or None."""
         if flow_cache not in FLOW_CACHE_MODES:
             raise ValueError(f"flow_cache must be one of {FLOW_CACHE_MODES}, not {flow_cache!r}")
         if cache_budget < 0:
@@ -70,6 +72,7 @@ class Token2Wav3:
         self.flow_cache = flow_cache
         self.cache_budget = cache_budget
         self.reserved_bytes = reserved_bytes
+        self.prompt_cache = prompt_cache
         self._lookahead = flow.cfg.pre_lookahead_len
 
     @torch.inference_mode()
@@ -116,13 +119,17 @@ class Token2Wav3:
             return mel[:, :, chunk.offset * self.flow.cfg.token_mel_ratio :]
         stream = seg.flow3
         if stream is None:
-            stream = seg.flow3 = Flow3Stream(
-                self.flow,
+            voice = (
                 spec.flow_prompt_tokens.to(device)[None],
                 spec.flow_prompt_mel.to(device)[None],
                 spec.embedding.to(device)[None],
-                frames=self._stream_frames(item),
             )
+            frames = self._stream_frames(item)
+            if self.prompt_cache is None:
+                stream = Flow3Stream(self.flow, *voice, frames=frames)
+            else:
+                stream = self.prompt_cache.stream(*voice, frames=frames)
+            seg.flow3 = stream
         done = stream.tokens.shape[1]
         if not chunk.finalize:
             split = chunk.token_end - self._lookahead
@@ -136,28 +143,15 @@ class Token2Wav3:
     def _reserve(self, item: ChunkWork) -> bool:
         """Whether ``item``'s stream gets a cache: it fits the budget beside the others'
         (then it is reserved for the longest the segment can get), or recomputes every chunk."""
-        seg = item.seg
-        if seg.flow_exact:
+        if item.seg.flow_exact:
             return False
         need = stream_cache_bytes(self.flow, self._stream_frames(item))
-        if self.cache_budget and self.reserved_bytes() + need > self.cache_budget:
-            seg.flow_exact = True
-            self.stats.flow_cache_refusals += 1
-            logger.info(
-                "request %s: its flow stream cache (%d MiB) does not fit the budget; recomputing each chunk",
-                item.request.spec.log_id or item.request.id,
-                need >> 20,
-            )
-            return False
-        seg.flow_reserved = need
-        return True
+        room = self.cache_budget - self.reserved_bytes() if self.cache_budget else need
+        return reserve_stream_cache(item, need, room, self.stats)
 
     def _stream_frames(self, item: ChunkWork) -> int:
         """The most mel frames ``item``'s stream can reach: its prompt's and its longest output's."""
-        seg = item.seg
-        longest = seg.limits.max_tokens if seg.limits is not None else len(seg.tokens)
-        tokens = int(item.request.spec.flow_prompt_tokens.numel()) + longest
-        return tokens * self.flow.cfg.token_mel_ratio
+        return stream_tokens(item) * self.flow.cfg.token_mel_ratio
 
     # -- vocoder ------------------------------------------------------------------------------
 

@@ -12,6 +12,10 @@ keeps those up to the last complete chunk (:meth:`StepCache.commit`), and the ne
 overwrites the rest. Keys and values live in buffers that grow by doubling, so a call
 neither copies the cache nor concatenates to it.
 
+A voice prompt's primed frames (:mod:`cosyserve.models.dit.prompt_cache`) are a cache
+trimmed to its frames (:meth:`StepCache.trimmed`), which each new stream of the voice
+copies into buffers of its own (:meth:`StepCache.fork`).
+
 Memory: ``2 rows x 2 (k, v) x heads x head_dim`` values per frame, layer and Euler step:
 3.6 MB per frame in float32 for the released model (22 layers, 10 steps, width 1024).
 """
@@ -77,3 +81,42 @@ class StepCache:
             self.tails[name] = padded[:, :, frames : frames + width].clone()
         self.length += frames
         self._pending_tails.clear()
+
+    def trimmed(self) -> "StepCache":
+        """A copy holding only the committed frames, in buffers exactly that long (a primed
+        prompt kept for later streams; it takes no pending work)."""
+        if self._pending_tails:
+            raise RuntimeError("a step cache with pending frames cannot be trimmed")
+        out = StepCache(len(self.keys))
+        out.length = out.capacity = self.length
+        out.keys = [None if k is None else k[:, :, : self.length].clone() for k in self.keys]
+        out.values = [None if v is None else v[:, :, : self.length].clone() for v in self.values]
+        out.tails = dict(self.tails)  # replaced, never written in place: shared safely
+        return out
+
+    def fork(self, capacity: int = MIN_CAPACITY) -> "StepCache":
+        """A new cache starting from this one's committed frames, copied into its own
+        buffers of ``capacity`` frames (at least these and :data:`MIN_CAPACITY`)."""
+        if self._pending_tails:
+            raise RuntimeError("a step cache with pending frames cannot be forked")
+        out = StepCache(len(self.keys), max(capacity, self.length))
+        out.length = self.length
+        for layer, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
+            if k is None or v is None:
+                continue
+            out.keys[layer] = _copy_into(k, self.length, out.capacity)
+            out.values[layer] = _copy_into(v, self.length, out.capacity)
+        out.tails = dict(self.tails)
+        return out
+
+    def nbytes(self) -> int:
+        """Memory of the buffers and convolution tails."""
+        buffers = [t for t in self.keys + self.values if t is not None] + list(self.tails.values())
+        return sum(t.numel() * t.element_size() for t in buffers)
+
+
+def _copy_into(buffer: Tensor, length: int, capacity: int) -> Tensor:
+    """A ``(R, H, capacity, d)`` buffer whose first ``length`` frames are ``buffer``'s."""
+    out = buffer.new_empty(buffer.shape[0], buffer.shape[1], capacity, buffer.shape[3])
+    out[:, :, :length] = buffer[:, :, :length]
+    return out

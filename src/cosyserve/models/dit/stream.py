@@ -12,7 +12,14 @@ chunk-causal: so at every Euler step the state of a frame in a complete chunk de
 earlier frames only, and never changes. The frames of the last, incomplete chunk do change
 when more frames join their chunk: a push recomputes them (it returns only frames not
 returned before, as upstream's ``token_offset`` slicing does).
+
+A voice prompt's first frames are the same in every stream of the voice: a stream may
+start from them primed (:func:`prime_prompt`, :func:`primed_prompt_frames`, kept by
+:class:`~cosyserve.models.dit.prompt_cache.Flow3PromptCache`), so that its first push
+computes only the frames after them.
 """
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -30,12 +37,20 @@ class Flow3Stream:
     """
 
     def __init__(
-        self, flow: Flow3, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor, frames: int = 0
+        self,
+        flow: Flow3,
+        prompt_token: Tensor,
+        prompt_feat: Tensor,
+        embedding: Tensor,
+        frames: int = 0,
+        primed: Sequence[StepCache] | None = None,
     ) -> None:
         """``prompt_token``: ``(1, P)``; ``prompt_feat``: ``(1, F, 80)``; ``embedding``:
         ``(1, spk_embed_dim)``; ``frames``: the most frames (prompt included) the stream
         is expected to reach, which its caches are made for at once (0: grown as needed).
-        On a CPU the pages of unreached frames are never written and cost no memory."""
+        On a CPU the pages of unreached frames are never written and cost no memory.
+        ``primed``: this voice's :func:`prime_prompt` caches, copied into the stream's own
+        (the first push then starts after their frames), or None."""
         self.flow = flow
         dtype = next(flow.parameters()).dtype
         self.prompt_token = prompt_token
@@ -44,7 +59,12 @@ class Flow3Stream:
         self.tokens = prompt_token[:, :0]  # generated tokens with frames so far
         with torch.inference_mode():
             self.spks = flow.speaker(self.embedding)  # (1, 80)
-        self.caches = [StepCache(flow.cfg.dit.depth, frames) for _ in range(flow.cfg.cfm.n_timesteps)]
+        if primed is None:
+            self.caches = [StepCache(flow.cfg.dit.depth, frames) for _ in range(flow.cfg.cfm.n_timesteps)]
+        else:
+            if len(primed) != flow.cfg.cfm.n_timesteps or primed[0].length > prompt_feat.shape[1]:
+                raise ValueError("primed caches of another flow or prompt")
+            self.caches = [cache.fork(frames) for cache in primed]
         self.returned = prompt_feat.shape[1]  # frames returned so far, the prompt's included
         self.finished = False
 
@@ -100,6 +120,40 @@ class Flow3Stream:
         start = self.returned - self.prompt_feat.shape[1]
         self.returned = self.prompt_feat.shape[1] + mel.shape[2]
         return mel[:, :, start:]
+
+
+def primed_prompt_frames(flow: Flow3, prompt_tokens: int, prompt_frames: int, whole: bool = False) -> int:
+    """How many of a voice prompt's frames a stream may start from primed: those of the
+    complete attention chunks before the first frame whose token features see past the
+    prompt (the last ``pre_lookahead_len`` prompt tokens look ahead to the generated ones)
+    or, ``whole``, every complete chunk of the prompt (its look-ahead past the end read as
+    zeros: a deviation). At most the ``prompt_frames`` frames of the prompt mel."""
+    cfg = flow.cfg
+    tokens = prompt_tokens if whole else max(0, prompt_tokens - cfg.pre_lookahead_len)
+    frames = min(tokens * cfg.token_mel_ratio, prompt_frames)
+    return frames - frames % cfg.dit.static_chunk_size
+
+
+@torch.inference_mode()
+def prime_prompt(
+    flow: Flow3, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor, frames: int
+) -> list[StepCache]:
+    """The step caches of a voice prompt's first ``frames`` frames (a multiple of the
+    attention chunk, at most :func:`primed_prompt_frames`), trimmed to them: what a stream
+    of this voice would have cached after them, but for the look-ahead of the prompt's
+    last tokens, read as zeros. Arguments on the flow's device, as for :class:`Flow3Stream`."""
+    if frames <= 0 or frames % flow.cfg.dit.static_chunk_size:
+        raise ValueError(f"cannot prime {frames} frames: whole attention chunks only")
+    dtype = next(flow.parameters()).dtype
+    mu = flow.token_features(prompt_token, None)[:, :, :frames]  # (1, 80, frames)
+    if mu.shape[2] < frames or prompt_feat.shape[1] < frames:
+        raise ValueError(f"cannot prime {frames} frames of a shorter prompt")
+    cond = flow.conditions(prompt_feat[:, :frames].to(dtype), frames)
+    caches = [StepCache(flow.cfg.dit.depth, frames) for _ in range(flow.cfg.cfm.n_timesteps)]
+    flow.cfm(mu, flow.speaker(embedding.to(dtype)), cond, True, caches)
+    for cache in caches:
+        cache.commit(frames)
+    return [cache.trimmed() for cache in caches]
 
 
 def stream_cache_bytes(flow: Flow3, frames: int) -> int:

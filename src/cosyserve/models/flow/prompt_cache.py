@@ -5,18 +5,23 @@ The states of a voice prompt's whole blocks are the same in every stream of that
 them (the encoder and every Euler step over the prompt). :class:`FlowPromptCache` keeps
 them for recently used voices and starts each stream from a fork
 (:meth:`FlowStreamCache.fork`), evicting the least recently used voices beyond a memory
-bound.
+bound. :class:`PrimedPromptCache`, the keyed, bounded store, serves CosyVoice 3's flow too
+(:class:`cosyserve.models.dit.prompt_cache.Flow3PromptCache`).
 """
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 from torch import Tensor
 
 from cosyserve.models.flow.flow import Flow
 from cosyserve.models.flow.stream_cache import FlowStreamCache
+
+Primed = TypeVar("Primed")
 
 
 @dataclass
@@ -29,20 +34,21 @@ class FlowPromptCacheStats:
     evictions: int = 0
 
 
-class FlowPromptCache:
-    """Primed stream caches of up to ``max_bytes`` bytes, least recently used voice first
-    out. Not thread-safe: one per engine, used on the engine thread only."""
+class PrimedPromptCache(Generic[Primed]):
+    """Primed states by voice, up to ``max_bytes`` bytes, least recently used voice first
+    out. Not thread-safe: one per engine, used on the engine thread only.
 
-    def __init__(self, flow: Flow, max_bytes: int, whole: bool = False) -> None:
-        """``whole``: prime every whole block of a prompt (``Flow.prime_stream``'s
-        ``whole``): shorter first chunks, slightly different audio."""
+    ``weight``: a parameter of the model the states come from (its dtype and device are in
+    the key); ``size``: the bytes a primed state holds."""
+
+    def __init__(self, max_bytes: int, weight: Tensor, size: Callable[[Primed], int]) -> None:
         if max_bytes < 1:
             raise ValueError("a flow prompt cache needs a positive size")
-        self.flow = flow
         self.max_bytes = max_bytes
-        self.whole = whole
         self.stats = FlowPromptCacheStats()
-        self._primed: OrderedDict[bytes, FlowStreamCache] = OrderedDict()
+        self._weight = weight
+        self._size = size
+        self._primed: OrderedDict[bytes, tuple[Primed, int]] = OrderedDict()
         self._nbytes = 0
 
     def __len__(self) -> int:
@@ -51,8 +57,57 @@ class FlowPromptCache:
 
     @property
     def nbytes(self) -> int:
-        """Memory of the primed caches held."""
+        """Memory of the primed states held."""
         return self._nbytes
+
+    def primed(
+        self, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor, prime: Callable[[], Primed]
+    ) -> Primed:
+        """The voice's primed state: the one held (a hit), or ``prime()``'s, kept if it
+        fits (a miss). Callers must not change it: every stream of the voice shares it."""
+        key = self._key(prompt_token, prompt_feat, embedding)
+        held = self._primed.get(key)
+        if held is not None:
+            self.stats.hits += 1
+            self._primed.move_to_end(key)
+            return held[0]
+        self.stats.misses += 1
+        state = prime()
+        self._store(key, state)
+        return state
+
+    def _store(self, key: bytes, primed: Primed) -> None:
+        size = self._size(primed)
+        if size > self.max_bytes:
+            return  # would evict everything and still not fit
+        while self._nbytes + size > self.max_bytes:
+            _, (_, evicted) = self._primed.popitem(last=False)
+            self._nbytes -= evicted
+            self.stats.evictions += 1
+        self._primed[key] = (primed, size)
+        self._nbytes += size
+
+    def _key(self, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor) -> bytes:
+        """A digest of the voice (every byte, shape and dtype of its prompt tokens, prompt
+        mel and embedding) and of the model's dtype and device, which its states depend on."""
+        weight = self._weight
+        digest = hashlib.blake2b(f"{weight.dtype} {weight.device}".encode(), digest_size=32)
+        for tensor in (prompt_token, prompt_feat, embedding):
+            digest.update(f"|{tuple(tensor.shape)} {tensor.dtype}|".encode())
+            raw = tensor.detach().contiguous().flatten().view(torch.uint8).cpu()
+            digest.update(raw.numpy().tobytes())
+        return digest.digest()
+
+
+class FlowPromptCache(PrimedPromptCache[FlowStreamCache]):
+    """Primed stream caches of CosyVoice 2's flow (see :class:`PrimedPromptCache`)."""
+
+    def __init__(self, flow: Flow, max_bytes: int, whole: bool = False) -> None:
+        """``whole``: prime every whole block of a prompt (``Flow.prime_stream``'s
+        ``whole``): shorter first chunks, slightly different audio."""
+        super().__init__(max_bytes, flow.speaker_proj.weight, FlowStreamCache.nbytes)
+        self.flow = flow
+        self.whole = whole
 
     def stream_cache(
         self, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor, compact: bool = False
@@ -66,37 +121,10 @@ class FlowPromptCache:
         ``(P_mel, 80)`` log-mel, ``embedding`` ``(spk_embed_dim,)``."""
         if self.flow.voice_prefix(prompt_token.shape[0], prompt_feat.shape[0], self.whole) == 0:
             return self.flow.new_stream_cache(compact)  # nothing to share: no key, no counts
-        key = self._key(prompt_token, prompt_feat, embedding)
-        primed = self._primed.get(key)
-        if primed is not None:
-            self.stats.hits += 1
-            self._primed.move_to_end(key)
-            return primed.fork(compact)
-        self.stats.misses += 1
-        device = self.flow.speaker_proj.weight.device
-        token, feat, speaker = (t.to(device)[None] for t in (prompt_token, prompt_feat, embedding))
-        primed = self.flow.prime_stream(token, feat, speaker, whole=self.whole)
-        self._store(key, primed)
-        return primed.fork(compact)
 
-    def _store(self, key: bytes, primed: FlowStreamCache) -> None:
-        size = primed.nbytes()
-        if size > self.max_bytes:
-            return  # would evict everything and still not fit
-        while self._nbytes + size > self.max_bytes:
-            _, evicted = self._primed.popitem(last=False)
-            self._nbytes -= evicted.nbytes()
-            self.stats.evictions += 1
-        self._primed[key] = primed
-        self._nbytes += size
+        def prime() -> FlowStreamCache:
+            device = self.flow.speaker_proj.weight.device
+            token, feat, speaker = (t.to(device)[None] for t in (prompt_token, prompt_feat, embedding))
+            return self.flow.prime_stream(token, feat, speaker, whole=self.whole)
 
-    def _key(self, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor) -> bytes:
-        """A digest of the voice (every byte, shape and dtype of its prompt tokens, prompt
-        mel and embedding) and of the flow's dtype and device, which its states depend on."""
-        weight = self.flow.speaker_proj.weight
-        digest = hashlib.blake2b(f"{weight.dtype} {weight.device}".encode(), digest_size=32)
-        for tensor in (prompt_token, prompt_feat, embedding):
-            digest.update(f"|{tuple(tensor.shape)} {tensor.dtype}|".encode())
-            raw = tensor.detach().contiguous().flatten().view(torch.uint8).cpu()
-            digest.update(raw.numpy().tobytes())
-        return digest.digest()
+        return self.primed(prompt_token, prompt_feat, embedding, prime).fork(compact)

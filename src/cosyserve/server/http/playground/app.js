@@ -84,6 +84,17 @@ async function loadVoices(choose) {
   updateModes(select.value !== before);
 }
 
+// The served models (GET /v1/models): one option each, the server's default first. Upstream's
+// per-mode routes always use the default model, so a mode only they serve needs it.
+async function loadModels() {
+  const { data } = await (await api("/v1/models")).json();
+  const select = $("model");
+  const before = select.value;
+  select.replaceChildren(...data.map((model) => new Option(model.id, model.id)));
+  if (data.some((model) => model.id === before)) select.value = before;
+  $("model-field").hidden = data.length < 2;
+}
+
 function selectedVoice() {
   return state.voices.find((v) => v.name === $("voice").value);
 }
@@ -126,7 +137,7 @@ function readForm() {
 
 function speechRequest(form, format) {
   const body = {
-    model: "cosyvoice2", input: form.text, voice: form.voice.name,
+    model: $("model").value || "default", input: form.text, voice: form.voice.name,
     response_format: format, stream: true, seed: form.seed,
   };
   if (form.mode === "instruct2") body.instructions = form.instruction;
@@ -408,7 +419,7 @@ async function toggleRecording() {
 
 function refreshVoices() {
   clearError();
-  loadVoices().then(() => say(`${state.voices.length} voices.`), fail);
+  Promise.all([loadModels(), loadVoices()]).then(() => say(`${state.voices.length} voices.`), fail);
 }
 
 $("speak-form").addEventListener("submit", speak);

@@ -1,0 +1,56 @@
+"""Primed voice prompts for CosyVoice 3 streams: a voice's first prompt frames are computed
+once and every later stream of the voice starts after them.
+
+A stream's first push otherwise runs the DiT over every frame of the voice prompt (3 s: 150
+frames) before its own. The frames of the complete attention chunks before the first
+frame whose token features see the generated tokens (the last ``pre_lookahead_len`` prompt
+tokens look ahead to them) are the same in every stream of the voice
+(:func:`~cosyserve.models.dit.stream.primed_prompt_frames`): a 3 s prompt has 100 such
+frames, and its first push then computes 50 prompt frames besides its own, with the same
+output. *Whole* priming takes every complete chunk of the prompt, its last tokens looking
+ahead at zeros as if the prompt ended there (a deviation, largest in the first chunk): a
+3 s prompt's first push then computes its own frames only.
+
+Memory: each voice holds its primed frames' keys and values (3.6 MB a frame in float32 on
+the released model: 360 MB for a 3 s prompt, 540 MB primed whole), bounded by the cache's
+bytes, least recently used voice out. Each stream copies them into its own buffers, which
+are made for its whole length anyway (:meth:`~cosyserve.models.dit.cache.StepCache.fork`).
+"""
+
+from torch import Tensor
+
+from cosyserve.models.dit.cache import StepCache
+from cosyserve.models.dit.flow3 import Flow3
+from cosyserve.models.dit.stream import Flow3Stream, prime_prompt, primed_prompt_frames
+from cosyserve.models.flow.prompt_cache import PrimedPromptCache
+
+
+def _steps_bytes(caches: list[StepCache]) -> int:
+    return sum(cache.nbytes() for cache in caches)
+
+
+class Flow3PromptCache(PrimedPromptCache[list[StepCache]]):
+    """Primed step caches of CosyVoice 3 voice prompts (see
+    :class:`~cosyserve.models.flow.prompt_cache.PrimedPromptCache`)."""
+
+    def __init__(self, flow: Flow3, max_bytes: int, whole: bool = False) -> None:
+        """``whole``: prime every complete attention chunk of a prompt (a deviation)."""
+        super().__init__(max_bytes, flow.speaker_proj.weight, _steps_bytes)
+        self.flow = flow
+        self.whole = whole
+
+    def stream(
+        self, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor, frames: int = 0
+    ) -> Flow3Stream:
+        """A new :class:`Flow3Stream` of this voice starting after its primed frames
+        (primed now on a miss; a prompt without a primable chunk is neither primed nor
+        counted). Arguments on the flow's device, as for :class:`Flow3Stream`."""
+        prefix = primed_prompt_frames(self.flow, prompt_token.shape[1], prompt_feat.shape[1], self.whole)
+        if prefix == 0:
+            return Flow3Stream(self.flow, prompt_token, prompt_feat, embedding, frames)
+
+        def prime() -> list[StepCache]:
+            return prime_prompt(self.flow, prompt_token, prompt_feat, embedding, prefix)
+
+        primed = self.primed(prompt_token, prompt_feat, embedding, prime)
+        return Flow3Stream(self.flow, prompt_token, prompt_feat, embedding, frames, primed)
