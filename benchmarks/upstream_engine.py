@@ -284,10 +284,9 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     threads = hand_over_threads()  # as the server's event loop: model work on the engine's thread only
     voice, texts, rate = workload(model_dir, args)
     start = time.perf_counter()
-    plan = _plan(args, threads)
-    print(f"ours: plan: {plan.describe()}", file=sys.stderr, flush=True)
-    model = load_model(model_dir, plan)
+    model = load_model(model_dir, _plan(args, threads))
     load_s = time.perf_counter() - start
+    print(f"ours: plan: {model.plan.describe()}", file=sys.stderr, flush=True)
     config = engine_config_for(model, max_active=max(8, args.streams), max_waiting=args.streams)
     engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config), threads=threads)
     engine.start()
@@ -342,6 +341,7 @@ def run_ours(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         engine.shutdown()
     report = _side_report(load_s, singles, rate, bursts, peaks, single_peak)
     precision = {
+        "plan": model.plan.describe(),  # the family's own, as loaded
         "precision": model.precision.describe(),
         "kv_cache_dtype": str(config.dtype).removeprefix("torch."),
     }
@@ -510,6 +510,12 @@ def _run_apart(sides: list[str], args: argparse.Namespace) -> dict[str, dict[str
     return reports
 
 
+def _ours_plan(reports: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
+    """The plan our side ran: as it loaded the model (a family narrows it), else as chosen."""
+    ours = reports.get("ours", {})
+    return str(ours["plan"]) if "plan" in ours else _plan(args, args.threads).describe()
+
+
 def _report(line: str, load_before: tuple[float, float, float]) -> dict[str, Any]:
     """A worker's JSON report line, with the load average before its side ran."""
     report: dict[str, Any] = json.loads(line)
@@ -658,7 +664,7 @@ def main() -> None:
     print(
         f"{family.official_name} layout; "
         f"{args.tokens} tokens ({args.tokens / 25:.2f} s of audio) per request, {args.streams} streams, "
-        f"{args.prompt_seconds:g} s prompt; ours: {_plan(args, args.threads).describe()}; upstream fp32; "
+        f"{args.prompt_seconds:g} s prompt; ours: {_ours_plan(reports, args)}; upstream fp32; "
         f"/proc/loadavg before: {uptime}"
     )
     print(_table(reports, ratios), end="")
