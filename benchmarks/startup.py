@@ -35,7 +35,7 @@ from typing import Any
 # A phase and its log line; phases overlap where the server runs them side by side.
 PHASES = (
     ("listening", re.compile(r"HTTP listening on http://[^:]+:(?P<port>\d+)")),
-    ("verify", re.compile(r"model files verified in (?P<s>[\d.]+) s")),
+    ("verify", re.compile(r"model files (?:of \S+ )?verified in (?P<s>[\d.]+) s")),
     ("load", re.compile(r"^loaded .* in (?P<s>[\d.]+) s")),
     ("decode traces", re.compile(r"decode steps .*?(?: in (?P<s>[\d.]+) s|$)")),
     ("flow traces", re.compile(r"^flow steps .*?(?: in (?P<s>[\d.]+) s|$)")),
