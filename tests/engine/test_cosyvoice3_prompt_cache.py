@@ -16,12 +16,12 @@ from cosyserve.accel.machine import Machine
 from cosyserve.accel.plan import Choices, choose_plan
 from cosyserve.accel.precision_choices import Profile
 from cosyserve.bench.engine_runs import make_engine, run_alone, run_together
-from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
+from cosyserve.bench.workload import synthetic_voice
 from cosyserve.engine.loader import LoadedModel, load_model
 from cosyserve.engine.request import GenerationSpec
 from cosyserve.models.dit import Flow3, Flow3PromptCache, Flow3Stream, primed_prompt_frames
 from cosyserve.pipeline.voice import VoicePrompt
-from tests.engine.helpers import assert_same
+from tests.engine.helpers import assert_same, voice_plan_specs
 
 # Whole priming's largest mel deviation on the tiny model, about 3x what was measured (see
 # test_whole_priming_deviates_in_a_bounded_way): the first two chunks, and the chunks after.
@@ -149,18 +149,7 @@ def _specs(model: LoadedModel) -> list[GenerationSpec]:
     one too short to prime (20 tokens) and a non-streaming request of the first voice."""
     voices = [_voice(model, tokens, seed=40 + i) for i, tokens in enumerate((75, 28, 20))]
     plan = [(0, 5, True), (0, None, True), (1, 9, True), (2, 5, True), (0, None, False)]
-    return [
-        synthetic_spec(
-            f"req-{i}",
-            voices[v],
-            synthetic_text_ids(model.hparams, 60, seed=i),
-            tokens=60 + 3 * i,
-            seed=700 + i,
-            stream=stream,
-            first_hop=hop,
-        )
-        for i, (v, hop, stream) in enumerate(plan)
-    ]
+    return voice_plan_specs(model, voices, plan, seed=700)
 
 
 @pytest.mark.parametrize("mode", ["cached", "incremental"])

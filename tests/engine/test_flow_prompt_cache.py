@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from cosyserve.bench.engine_runs import run_together
-from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
+from cosyserve.bench.workload import synthetic_voice
 from cosyserve.engine.config import EngineConfig, FlowCacheMode
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.loader import LoadedModel
 from cosyserve.engine.request import GenerationSpec
 from cosyserve.models.flow.stream_cache import FlowStreamCache
-from tests.engine.helpers import assert_same
+from tests.engine.helpers import assert_same, voice_plan_specs
 
 
 def _engine(model: LoadedModel, mode: FlowCacheMode, megabytes: int, whole: bool = False) -> Engine:
@@ -29,18 +29,7 @@ def _specs(model: LoadedModel) -> list[GenerationSpec]:
         synthetic_voice(model.hparams, seconds, seed=70 + i) for i, seconds in enumerate((2.2, 1.24, 1.08))
     ]
     plan = [(0, 5, True), (0, None, True), (1, 9, True), (2, 4, True), (0, None, False)]
-    return [
-        synthetic_spec(
-            f"req-{i}",
-            voices[v],
-            synthetic_text_ids(model.hparams, 60, seed=i),
-            tokens=60 + 3 * i,
-            seed=500 + i,
-            stream=stream,
-            first_hop=hop,
-        )
-        for i, (v, hop, stream) in enumerate(plan)
-    ]
+    return voice_plan_specs(model, voices, plan, seed=500)
 
 
 @pytest.mark.parametrize("mode", ["cached", "incremental"])

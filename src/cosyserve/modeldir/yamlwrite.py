@@ -15,36 +15,12 @@ def yaml_list(values: tuple[int, ...] | tuple[tuple[int, ...], ...]) -> str:
 
 def render_yaml(hp: ModelHParams) -> str:
     """The text of ``cosyvoice2.yaml`` for ``hp``."""
-    lm, flow = hp.lm, hp.flow
-    enc, est, cfm, s = flow.encoder, flow.estimator, flow.cfm, lm.sampling
+    flow = hp.flow
+    enc, est, cfm = flow.encoder, flow.estimator, flow.cfm
     return (
         header(hp)
-        + f"""# model params
-llm: !new:cosyvoice.llm.llm.Qwen2LM
-    llm_input_size: !ref <llm_input_size>
-    llm_output_size: !ref <llm_output_size>
-    speech_token_size: {lm.speech_token_size}
-    length_normalized_loss: True
-    lsm_weight: 0
-    mix_ratio: [5, 15]
-    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
-        pretrain_path: !ref <qwen_pretrain_path>
-    sampling: !name:cosyvoice.utils.common.ras_sampling
-        top_p: {s.top_p}
-        top_k: {s.top_k}
-        win_size: {s.win_size}
-        tau_r: {s.tau_r}
-
-flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
-    input_size: {flow.input_size}
-    output_size: {flow.output_size}
-    spk_embed_dim: !ref <spk_embed_dim>
-    output_type: 'mel'
-    vocab_size: {flow.vocab_size}
-    input_frame_rate: !ref <token_frame_rate>
-    only_mask_loss: True
-    token_mel_ratio: !ref <token_mel_ratio>
-    pre_lookahead_len: {flow.pre_lookahead_len}
+        + model_heads(hp, "Qwen2LM", "CausalMaskedDiffWithXvec")
+        + f"""\
     encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
         output_size: {enc.output_size}
         attention_heads: {enc.attention_heads}
@@ -115,6 +91,39 @@ token_mel_ratio: {hp.token_mel_ratio}
 chunk_size: {chunk} # streaming inference chunk size, in token
 num_decoding_left_chunks: -1 # <0: all left chunks
 
+"""
+
+
+def model_heads(hp: ModelHParams | Model3HParams, lm_class: str, flow_class: str) -> str:
+    """The ``llm`` section and the ``flow`` section's first arguments, the same in both
+    families but for the class names."""
+    lm, flow, s = hp.lm, hp.flow, hp.lm.sampling
+    return f"""# model params
+llm: !new:cosyvoice.llm.llm.{lm_class}
+    llm_input_size: !ref <llm_input_size>
+    llm_output_size: !ref <llm_output_size>
+    speech_token_size: {lm.speech_token_size}
+    length_normalized_loss: True
+    lsm_weight: 0
+    mix_ratio: [5, 15]
+    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
+        pretrain_path: !ref <qwen_pretrain_path>
+    sampling: !name:cosyvoice.utils.common.ras_sampling
+        top_p: {s.top_p}
+        top_k: {s.top_k}
+        win_size: {s.win_size}
+        tau_r: {s.tau_r}
+
+flow: !new:cosyvoice.flow.flow.{flow_class}
+    input_size: {flow.input_size}
+    output_size: {flow.output_size}
+    spk_embed_dim: !ref <spk_embed_dim>
+    output_type: 'mel'
+    vocab_size: {flow.vocab_size}
+    input_frame_rate: !ref <token_frame_rate>
+    only_mask_loss: True
+    token_mel_ratio: !ref <token_mel_ratio>
+    pre_lookahead_len: {flow.pre_lookahead_len}
 """
 
 

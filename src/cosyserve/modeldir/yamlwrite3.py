@@ -7,41 +7,17 @@ upstream's inference never reads them.
 """
 
 from cosyserve.modeldir.hparams3 import Model3HParams
-from cosyserve.modeldir.yamlwrite import header, hift_section, processors
+from cosyserve.modeldir.yamlwrite import header, hift_section, model_heads, processors
 
 
 def render_yaml3(hp: Model3HParams) -> str:
     """The text of ``cosyvoice3.yaml`` for ``hp``."""
-    lm, flow = hp.lm, hp.flow
-    dit, cfm, s = flow.dit, flow.cfm, lm.sampling
+    flow = hp.flow
+    dit, cfm = flow.dit, flow.cfm
     return (
         header(hp)
-        + f"""# model params
-llm: !new:cosyvoice.llm.llm.CosyVoice3LM
-    llm_input_size: !ref <llm_input_size>
-    llm_output_size: !ref <llm_output_size>
-    speech_token_size: {lm.speech_token_size}
-    length_normalized_loss: True
-    lsm_weight: 0
-    mix_ratio: [5, 15]
-    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
-        pretrain_path: !ref <qwen_pretrain_path>
-    sampling: !name:cosyvoice.utils.common.ras_sampling
-        top_p: {s.top_p}
-        top_k: {s.top_k}
-        win_size: {s.win_size}
-        tau_r: {s.tau_r}
-
-flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
-    input_size: {flow.input_size}
-    output_size: {flow.output_size}
-    spk_embed_dim: !ref <spk_embed_dim>
-    output_type: 'mel'
-    vocab_size: {flow.vocab_size}
-    input_frame_rate: !ref <token_frame_rate>
-    only_mask_loss: True
-    token_mel_ratio: !ref <token_mel_ratio>
-    pre_lookahead_len: {flow.pre_lookahead_len}
+        + model_heads(hp, "CosyVoice3LM", "CausalMaskedDiffWithDiT")
+        + f"""\
     pre_lookahead_layer: !new:cosyvoice.transformer.upsample_encoder.PreLookaheadLayer
         in_channels: {flow.input_size}
         channels: {flow.pre_lookahead_channels}

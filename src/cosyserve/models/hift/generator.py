@@ -76,7 +76,7 @@ class HiFTGenerator(nn.Module):
 
     def __init__(self, cfg: HiFTConfig) -> None:
         super().__init__()
-        _check_config(cfg)
+        check_hift_config(cfg)
         self.cfg = cfg
         self.f0_predictor = F0Predictor(cfg.f0_in_channels, cfg.f0_cond_channels)
         self.source = HarmonicSource(SourceOptions.of(cfg))
@@ -161,7 +161,8 @@ class HiFTGenerator(nn.Module):
         return torch.istft(spec, n_fft, self.cfg.istft_hop_len, n_fft, window=self.window, center=True)
 
 
-def _check_config(cfg: HiFTConfig) -> None:
+def check_hift_config(cfg: HiFTConfig) -> None:
+    """Refuse a geometry the generators cannot build (both families' vocoders share it)."""
     stages = len(cfg.upsample_rates)
     per_stage = (
         cfg.upsample_kernel_sizes,

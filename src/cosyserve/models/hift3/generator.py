@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from cosyserve.modeldir.hparams3 import HiFT3Config
 from cosyserve.models.hift.f0 import NUM_CONV_LAYERS
-from cosyserve.models.hift.generator import hift_checkpoint_table
+from cosyserve.models.hift.generator import check_hift_config, hift_checkpoint_table
 from cosyserve.models.hift.source import SourceOptions
 from cosyserve.models.hift3.causal import CausalResBlock, Context, causal_context, conv_step
 from cosyserve.models.hift3.f0 import LOOK_AHEAD, CausalF0Predictor, F0State
@@ -233,20 +233,7 @@ class CausalHiFTGenerator(nn.Module):
 
 
 def _check_config(cfg: HiFT3Config) -> None:
-    stages = len(cfg.upsample_rates)
-    per_stage = (
-        cfg.upsample_kernel_sizes,
-        cfg.source_resblock_kernel_sizes,
-        cfg.source_resblock_dilation_sizes,
-    )
-    if any(len(values) != stages for values in per_stage):
-        raise ValueError("hift: upsample and source-resblock settings must list one entry per stage")
-    if len(cfg.resblock_kernel_sizes) != len(cfg.resblock_dilation_sizes) or not cfg.resblock_kernel_sizes:
-        raise ValueError("hift: resblock kernel and dilation lists must be non-empty and of equal length")
-    if cfg.base_channels % 2**stages:
-        raise ValueError(f"hift: base_channels must be divisible by {2**stages}")
-    if cfg.f0_in_channels != cfg.in_channels or cfg.f0_num_class != 1:
-        raise ValueError("hift: the f0 predictor must read the mel and predict one value per frame")
+    check_hift_config(cfg)
     if cfg.istft_n_fft % cfg.istft_hop_len or cfg.istft_n_fft % 2:
         raise ValueError("hift: istft n_fft must be even and a multiple of the hop")
     if cfg.conv_pre_look_right < 0:
