@@ -5,7 +5,7 @@ The text follows the released file's structure (the same keys, tags and referenc
 that upstream's loader builds the same classes from it; only the geometry varies.
 """
 
-from cosyserve.modeldir.hparams import HiFTConfig, MelConfig, ModelHParams
+from cosyserve.modeldir.hparams import CFMConfig, HiFTConfig, MelConfig, ModelHParams
 from cosyserve.modeldir.hparams3 import Model3HParams
 
 
@@ -37,18 +37,9 @@ def render_yaml(hp: ModelHParams) -> str:
         use_cnn_module: False
         macaron_style: False
         static_chunk_size: !ref <chunk_size>
-    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
-        in_channels: {cfm.in_channels}
-        n_spks: 1
-        spk_emb_dim: {cfm.spk_emb_dim}
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: {cfm.sigma_min:g}
-                solver: 'euler'
-                t_scheduler: '{cfm.t_scheduler}'
-                training_cfg_rate: 0.2
-                inference_cfg_rate: {cfm.inference_cfg_rate}
-                reg_loss_type: 'l1'
+"""
+        + cfm_head(cfm)
+        + f"""\
         estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
             in_channels: {est.in_channels}
             out_channels: {est.out_channels}
@@ -124,6 +115,23 @@ flow: !new:cosyvoice.flow.flow.{flow_class}
     only_mask_loss: True
     token_mel_ratio: !ref <token_mel_ratio>
     pre_lookahead_len: {flow.pre_lookahead_len}
+"""
+
+
+def cfm_head(cfm: CFMConfig) -> str:
+    """The flow's ``decoder`` (the CFM) and its parameters, before its estimator."""
+    return f"""    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
+        in_channels: {cfm.in_channels}
+        n_spks: 1
+        spk_emb_dim: {cfm.spk_emb_dim}
+        cfm_params: !new:omegaconf.DictConfig
+            content:
+                sigma_min: {cfm.sigma_min:g}
+                solver: 'euler'
+                t_scheduler: '{cfm.t_scheduler}'
+                training_cfg_rate: 0.2
+                inference_cfg_rate: {cfm.inference_cfg_rate}
+                reg_loss_type: 'l1'
 """
 
 

@@ -7,7 +7,7 @@ upstream's inference never reads them.
 """
 
 from cosyserve.modeldir.hparams3 import Model3HParams
-from cosyserve.modeldir.yamlwrite import header, hift_section, model_heads, processors
+from cosyserve.modeldir.yamlwrite import cfm_head, header, hift_section, model_heads, processors
 
 
 def render_yaml3(hp: Model3HParams) -> str:
@@ -22,18 +22,9 @@ def render_yaml3(hp: Model3HParams) -> str:
         in_channels: {flow.input_size}
         channels: {flow.pre_lookahead_channels}
         pre_lookahead_len: {flow.pre_lookahead_len}
-    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
-        in_channels: {cfm.in_channels}
-        n_spks: 1
-        spk_emb_dim: {cfm.spk_emb_dim}
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: {cfm.sigma_min:g}
-                solver: 'euler'
-                t_scheduler: '{cfm.t_scheduler}'
-                training_cfg_rate: 0.2
-                inference_cfg_rate: {cfm.inference_cfg_rate}
-                reg_loss_type: 'l1'
+"""
+        + cfm_head(cfm)
+        + f"""\
         estimator: !new:cosyvoice.flow.DiT.dit.DiT
             dim: {dit.dim}
             depth: {dit.depth}
