@@ -99,6 +99,21 @@ def model_init(
     )
 
 
+@model_app.command("rl")
+def model_rl(
+    source: Annotated[Path, typer.Argument(help="A Fun-CosyVoice3 directory with llm.rl.pt.")],
+    target: Annotated[Path, typer.Argument(help="The view to create (a new directory).")],
+) -> None:
+    """Make a view of SOURCE whose LM is its RL-tuned one: symlinks and a manifest, no copies.
+    Serve it alone, or beside SOURCE with two --model-dir."""
+    from cosyserve.modeldir.rl_view import make_rl_view
+
+    make_rl_view(source, target)
+    typer.echo(
+        f"wrote {target}: {source}'s files with llm.rl.pt as llm.pt; serve it with --model-dir {target}"
+    )
+
+
 def _human(n: int) -> str:
     value = float(n)
     for unit in ("B", "KiB", "MiB"):
