@@ -173,3 +173,15 @@ def test_the_plan_heads_the_report_and_sets_the_intent(good: Facts) -> None:
     plan_check = evaluate(failed, Intent())[0]
     assert (plan_check.name, plan_check.status) == ("plan", Status.FAIL)
     assert "CUDA is not available" in plan_check.detail
+
+
+def test_a_cosyvoice3_directory_shows_the_plan_its_flow_runs(
+    tiny3_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As loading narrows it: CosyVoice 2's flow variants are off for the DiT."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    args = ["doctor", "--model-dir", str(tiny3_model_dir), "--port", "0", "--grpc-port", "0"]
+    args += ["--flow-quantize", "fp16"]
+    result = CliRunner().invoke(app, args)
+    plan = next(line for line in result.stdout.splitlines() if line.split()[1:2] == ["plan"])
+    assert "flow_quantize=none" in plan and "traced_flow=off" in plan, result.stdout

@@ -413,7 +413,7 @@ def gather(
     av_version, unusable = _codec_facts()
     model_error, model_warning, weights = _model_facts(model_dir, verify_hashes)
     machine = _machine()
-    plan, plan_error = _plan_facts(machine, profile, choices or Choices())
+    plan, plan_error = _plan_facts(machine, profile, choices or Choices(), model_dir)
     return Facts(
         python=(sys.version_info.major, sys.version_info.minor, sys.version_info.micro),
         system=platform.system(),
@@ -471,16 +471,24 @@ def _machine() -> "Machine | None":
 
 
 def _plan_facts(
-    machine: "Machine | None", profile: Profile, choices: Choices
+    machine: "Machine | None", profile: Profile, choices: Choices, model_dir: Path
 ) -> "tuple[Plan | None, str | None]":
+    """The plan as ``serve`` runs it: narrowed to a CosyVoice 3 model's flow where
+    ``model_dir`` is one (as loading it does)."""
     if machine is None:
         return None, "no plan without torch"
     from cosyserve.accel.plan import choose_plan
+    from cosyserve.modeldir.layout import Family, detect_family
 
     try:
-        return choose_plan(machine, profile, choices), None
+        plan = choose_plan(machine, profile, choices)
     except CosyserveError as exc:
         return None, str(exc)
+    try:
+        cosyvoice3 = detect_family(model_dir) is Family.COSYVOICE3
+    except (CosyserveError, OSError):  # the model directory's own check says what is wrong
+        cosyvoice3 = False
+    return (plan.for_cosyvoice3() if cosyvoice3 else plan), None
 
 
 def _nvidia_smi() -> tuple[str | None, str | None]:
