@@ -5,9 +5,11 @@ stored as the plan says; the flow and the vocoder are the family's own."""
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -37,6 +39,8 @@ from cosyserve.parallelism import call_on_own_thread
 from cosyserve.weights.checkpoint import CheckpointTable, load_checkpoint
 
 logger = logging.getLogger(__name__)
+
+_M = TypeVar("_M", bound=torch.nn.Module)
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,14 +114,10 @@ def _load_model(path: Path | str, plan: Plan) -> LoadedModel:
     hift: HiFTGenerator | CausalHiFTGenerator
     lm: AnySpeechLM
     if isinstance(hp, Model3HParams):
-        with torch.device("meta"):
-            lm = CosyVoice3LM(hp.lm)
-        lm = _load_lm(model_dir, lm, lm3_checkpoint_table(hp.lm), plan)
+        lm = _load_lm(model_dir, partial(CosyVoice3LM, hp.lm), lm3_checkpoint_table(hp.lm), plan)
         flow, hift = _load_flow3(model_dir, hp, plan)
     else:
-        with torch.device("meta"):
-            lm = CosyVoice2LM(hp.lm)
-        lm = _load_lm(model_dir, lm, lm_checkpoint_table(hp.lm), plan)
+        lm = _load_lm(model_dir, partial(CosyVoice2LM, hp.lm), lm_checkpoint_table(hp.lm), plan)
         flow, hift = _load_flow2(model_dir, hp, plan)
     for module in (lm, flow, hift):
         module.eval().requires_grad_(False)
@@ -146,15 +146,27 @@ def _load_model(path: Path | str, plan: Plan) -> LoadedModel:
     return model
 
 
+def _load_on_meta(
+    build: Callable[[], _M], path: Path, table: CheckpointTable, dtype: torch.dtype, device: torch.device
+) -> _M:
+    """``build()`` on the meta device, so that no random initial weights are allocated (a
+    flow's fixed noise is made on the CPU all the same), in ``dtype``, so that loading
+    assigns the checkpoint's tensors (memory-mapped in float32) or converts each once as it
+    is read; then on ``device``."""
+    with torch.device("meta"):
+        module = build()
+    module.to(dtype=dtype)
+    load_checkpoint(module, path, table)
+    module.to(device)
+    return module
+
+
 def _load_flow2(model_dir: ModelDir, hp: ModelHParams, plan: Plan) -> tuple[Flow, HiFTGenerator]:
     precision = plan.precision
-    # On the meta device, as the LM: no random initial weights (its fixed noise is made on
-    # the CPU), and in its dtype, so that each weight is converted as it is read.
-    with torch.device("meta"):
-        flow = Flow(hp.flow)
-    flow.to(dtype=precision.flow_dtype)
-    load_checkpoint(flow, model_dir.flow, flow_checkpoint_table(hp.flow))
-    flow.to(precision.torch_device)
+    table = flow_checkpoint_table(hp.flow)
+    flow = _load_on_meta(
+        partial(Flow, hp.flow), model_dir.flow, table, precision.flow_dtype, precision.torch_device
+    )
     flow.fuse_projections_()
     if precision.flow_quantize is FlowQuantization.FP16:
         fp16_weights_(flow.cfm.estimator)
@@ -172,15 +184,13 @@ def _load_flow3(model_dir: ModelDir, hp: Model3HParams, plan: Plan) -> tuple[Flo
     """CosyVoice 3's DiT flow in the plan's flow dtype and its causal vocoder in float32 (its
     f0 predictor in float64, as upstream's), on the plan's device."""
     precision = plan.precision
-    with torch.device("meta"):
-        flow = Flow3(hp.flow)
-    flow.to(dtype=precision.flow_dtype)
-    load_checkpoint(flow, model_dir.flow, flow3_checkpoint_table(hp.flow))
-    flow.to(precision.torch_device)
-    device = precision.torch_device
+    table = flow3_checkpoint_table(hp.flow)
+    flow = _load_on_meta(
+        partial(Flow3, hp.flow), model_dir.flow, table, precision.flow_dtype, precision.torch_device
+    )
     hift = CausalHiFTGenerator(hp.hift)
     load_checkpoint(hift, model_dir.hift, causal_hift_checkpoint_table(hp.hift))
-    hift.to(device)
+    hift.to(precision.torch_device)
     return flow, hift
 
 
@@ -218,19 +228,15 @@ def engine_config_for(model: LoadedModel, **overrides: Any) -> EngineConfig:
     return EngineConfig(**options)
 
 
-def _load_lm(model_dir: ModelDir, lm: AnySpeechLM, table: CheckpointTable, plan: Plan) -> AnySpeechLM:
-    """``lm``, built on the meta device, loaded in ``precision.lm_dtype`` on its device,
-    quantized as asked.
-
-    On the meta device no random initial weights are allocated: loading assigns
-    the checkpoint's tensors, memory-mapped (float32) or converted once (other dtypes),
-    and quantization then replaces the decoder Linears one by one. Compilation (if asked)
-    comes last, on the final weights.
+def _load_lm(
+    model_dir: ModelDir, build: Callable[[], AnySpeechLM], table: CheckpointTable, plan: Plan
+) -> AnySpeechLM:
+    """The LM ``build`` makes, loaded in ``precision.lm_dtype`` on its device (see
+    :func:`_load_on_meta`), quantized as asked: quantization replaces the decoder Linears
+    one by one. Compilation (if asked) comes last, on the final weights.
     """
     precision = plan.precision
-    lm.to(precision.lm_dtype)
-    load_checkpoint(lm, model_dir.llm, table)
-    lm.to(precision.torch_device)
+    lm = _load_on_meta(build, model_dir.llm, table, precision.lm_dtype, precision.torch_device)
     quantize_lm_(
         lm, precision, native=plan.machine.cpu if plan.native_int8 else None, onednn=plan.onednn_int8
     )

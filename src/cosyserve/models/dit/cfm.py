@@ -6,7 +6,6 @@ classifier-free guidance ``v = (1 + r) v_cond - r v_uncond`` (the unconditional 
 Frame ``i`` always starts from noise column ``i`` (:func:`~cosyserve.models.flow.cfm.fixed_noise`),
 so a stream may compute only the frames after those it has cached."""
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -16,15 +15,7 @@ from cosyserve.errors import InvalidRequestError
 from cosyserve.modeldir.hparams import CFMConfig
 from cosyserve.models.dit.cache import StepCache
 from cosyserve.models.dit.dit import DiT
-from cosyserve.models.flow.cfm import fixed_noise
-
-
-def time_schedule(cfg: CFMConfig, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """``(n_timesteps + 1,)`` from 0 to 1: linear, or cosine ``1 - cos(t π/2)``."""
-    t = torch.linspace(0, 1, cfg.n_timesteps + 1, device=device, dtype=dtype)
-    if cfg.t_scheduler == "cosine":
-        t = 1 - torch.cos(t * 0.5 * math.pi)
-    return t
+from cosyserve.models.flow.cfm import fixed_noise, time_schedule
 
 
 class DiTCFM(nn.Module):

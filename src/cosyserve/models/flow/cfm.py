@@ -33,6 +33,15 @@ def fixed_noise(channels: int) -> Tensor:
     return torch.randn(1, channels, MAX_FRAMES, generator=generator, device="cpu")
 
 
+def time_schedule(cfg: CFMConfig, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``(n_timesteps + 1,)`` from 0 to 1; the cosine schedule ``1 - cos(t π/2)`` spends
+    more steps near the noise end. Both families' samplers use it."""
+    t = torch.linspace(0, 1, cfg.n_timesteps + 1, device=device, dtype=dtype)
+    if cfg.t_scheduler == "cosine":
+        t = 1 - torch.cos(t * 0.5 * math.pi)
+    return t
+
+
 class CFM(nn.Module):
     """Integrates the estimator's velocity field from the fixed noise to mel frames."""
 
@@ -49,14 +58,6 @@ class CFM(nn.Module):
         self.step_capture: StepCapture | None = None
         # Not persistent: flow.pt does not carry it; it moves with .to(device/dtype).
         self.register_buffer("noise", fixed_noise(channels), persistent=False)
-
-    def time_steps(self, device: torch.device, dtype: torch.dtype) -> Tensor:
-        """``(n_timesteps + 1,)`` from 0 to 1; cosine schedule ``1 - cos(t π/2)`` spends
-        more steps near the noise end."""
-        t = torch.linspace(0, 1, self.cfg.n_timesteps + 1, device=device, dtype=dtype)
-        if self.cfg.t_scheduler == "cosine":
-            t = 1 - torch.cos(t * 0.5 * math.pi)
-        return t
 
     def forward(
         self,
@@ -98,7 +99,7 @@ class CFM(nn.Module):
         bias = self.estimator.attention_bias(mask2, streaming, start)
         rate = self.cfg.inference_cfg_rate
 
-        t_span = self.time_steps(mu.device, mu.dtype)
+        t_span = time_schedule(self.cfg, mu.device, mu.dtype)
         # Upstream advances t by dt and takes the next dt relative to that running t;
         # the same recurrence keeps the float rounding of t identical.
         t, dt = t_span[0], t_span[1] - t_span[0]
