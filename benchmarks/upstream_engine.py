@@ -91,7 +91,8 @@ from cosyserve.bench.engine_bench import peak_rss_mb, reset_peak_rss  # noqa: E4
 from cosyserve.bench.workload import synthetic_text_ids, synthetic_voice  # noqa: E402
 from cosyserve.errors import ModelDirError  # noqa: E402
 from cosyserve.frontend.text_tokenizer import ENDOFPROMPT_ID  # noqa: E402
-from cosyserve.modeldir.layout import Family, ModelDir  # noqa: E402
+from cosyserve.modeldir.family import Family  # noqa: E402
+from cosyserve.modeldir.layout import ModelDir  # noqa: E402
 from cosyserve.pipeline.llm_prompt import system_prompt  # noqa: E402
 from cosyserve.pipeline.voice import VoicePrompt  # noqa: E402
 

@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from cosyserve.modeldir.layout import FLOW_FILE, HIFT_FILE, LLM_FILE, QWEN_DIR, Family, ModelDir
+from cosyserve.modeldir.family import FLOW_FILE, HIFT_FILE, LLM_FILE, Family
+from cosyserve.modeldir.layout import QWEN_DIR, ModelDir
 
 # The upstream checkout and the folder of its extra packages (tests/upstream3.py).
 UPSTREAM3_ENV = ("COSYVOICE3_UPSTREAM", "COSYVOICE3_SITE")

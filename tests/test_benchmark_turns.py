@@ -15,7 +15,8 @@ from types import ModuleType
 import pytest
 
 from cosyserve.frontend.text_tokenizer import ENDOFPROMPT_ID
-from cosyserve.modeldir.layout import Family, ModelDir
+from cosyserve.modeldir.family import Family
+from cosyserve.modeldir.layout import ModelDir
 from cosyserve.pipeline.llm_prompt import system_prompt
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"

@@ -1,3 +1,3 @@
-"""cosyserve: a production inference server for CosyVoice 2."""
+"""cosyserve: a production inference server for CosyVoice 2 and Fun-CosyVoice3."""
 
 __version__ = "0.1.0"

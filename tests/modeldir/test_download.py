@@ -17,18 +17,16 @@ from typer.testing import CliRunner
 from cosyserve.cli.main import app
 from cosyserve.frontend.text_tokenizer import MERGES_FILE, TOKENIZER_CONFIG_FILE, VOCAB_FILE
 from cosyserve.modeldir.download import REPOS, DownloadError, Source, download
-from cosyserve.modeldir.layout import (
+from cosyserve.modeldir.family import (
     CAMPPLUS_FILE,
     FLOW_FILE,
     HIFT_FILE,
     LLM_FILE,
-    MANIFEST_FILE,
-    QWEN_CONFIG_FILE,
-    QWEN_DIR,
     SPEECH_TOKENIZER_FILE,
     YAML_FILE,
     Family,
 )
+from cosyserve.modeldir.layout import MANIFEST_FILE, QWEN_CONFIG_FILE, QWEN_DIR
 from cosyserve.modeldir.manifest import check_manifest, read_manifest, sha256_file
 from tests.modeldir.fake_hub import COMMIT, HubState, fake_hub
 

@@ -6,15 +6,8 @@ import pytest
 import torch
 
 from cosyserve.errors import CheckpointError, ModelDirError
-from cosyserve.modeldir.layout import (
-    LLM_FILE,
-    QWEN_DIR,
-    REQUIRED_QWEN_FILES,
-    SPK2INFO_FILE,
-    YAML_FILE,
-    Family,
-    ModelDir,
-)
+from cosyserve.modeldir.family import LLM_FILE, YAML_FILE, Family
+from cosyserve.modeldir.layout import QWEN_DIR, REQUIRED_QWEN_FILES, SPK2INFO_FILE, ModelDir
 from cosyserve.modeldir.presets import TINY
 from cosyserve.weights.checkpoint import read_state_dict
 

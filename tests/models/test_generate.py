@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 
 from cosyserve.errors import ModelDirError
 from cosyserve.modeldir import onnx_models
-from cosyserve.modeldir.layout import MANIFEST_FILE, QWEN_DIR, Family, ModelDir
+from cosyserve.modeldir.family import Family
+from cosyserve.modeldir.layout import MANIFEST_FILE, QWEN_DIR, ModelDir
 from cosyserve.modeldir.presets import FULL, TINY, TINY3
 from cosyserve.models import generate
 from cosyserve.models.flow.flow import Flow, flow_checkpoint_table

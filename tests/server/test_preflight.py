@@ -10,7 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cosyserve.errors import ModelDirError
-from cosyserve.modeldir.layout import HIFT_FILE, LLM_FILE, MANIFEST_FILE
+from cosyserve.modeldir.family import HIFT_FILE, LLM_FILE
+from cosyserve.modeldir.layout import MANIFEST_FILE
 from cosyserve.modeldir.manifest import manifest_digest
 from cosyserve.modeldir.preflight import check_model_dir
 from cosyserve.paths import MODEL_DIR_ENV

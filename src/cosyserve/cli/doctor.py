@@ -478,7 +478,8 @@ def _plan_facts(
     if machine is None:
         return None, "no plan without torch"
     from cosyserve.accel.plan import choose_plan
-    from cosyserve.modeldir.layout import Family, detect_family
+    from cosyserve.modeldir.family import Family
+    from cosyserve.modeldir.layout import detect_family
 
     try:
         plan = choose_plan(machine, profile, choices)

@@ -20,6 +20,7 @@ import cosyserve.cli.ops as ops
 import cosyserve.cli.serve as serve
 import cosyserve.cli.synth as synth
 from cosyserve.errors import CosyserveError
+from cosyserve.modeldir.family import Family
 
 EXIT_ERROR = 2
 
@@ -52,12 +53,6 @@ class Size(StrEnum):
     full = "full"
 
 
-class ModelFamily(StrEnum):
-    # Mirrors modeldir.layout.Family, which --help must not import (torch).
-    COSYVOICE2 = "cosyvoice2"
-    COSYVOICE3 = "cosyvoice3"
-
-
 @app.callback()
 def _root(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress to stderr.")] = False,
@@ -75,9 +70,9 @@ def model_init(
     seed: Annotated[int, typer.Option(help="Seed of every random weight.")] = 0,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty directory.")] = False,
     family: Annotated[
-        ModelFamily,
+        Family,
         typer.Option(help="cosyvoice2 (CosyVoice2-0.5B) or cosyvoice3 (Fun-CosyVoice3-0.5B-2512)."),
-    ] = ModelFamily.COSYVOICE2,
+    ] = Family.COSYVOICE2,
     rl_lm: Annotated[
         bool, typer.Option("--rl-lm", help="CosyVoice 3: also write llm.rl.pt (an RL-tuned LM's place).")
     ] = False,
@@ -87,7 +82,7 @@ def model_init(
     from cosyserve.models.generate import init_model_dir
 
     start = time.perf_counter()
-    init_model_dir(directory, size.value, seed, force=force, family=family.value, rl_lm=rl_lm)
+    init_model_dir(directory, size.value, seed, force=force, family=family, rl_lm=rl_lm)
     elapsed = time.perf_counter() - start
     total = 0
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):

@@ -21,6 +21,7 @@ from cosyserve.cli.precision import (
     quantize_option,
 )
 from cosyserve.errors import ModelDirError
+from cosyserve.modeldir.family import Family
 
 EXIT_FAILED_CHECKS = 1
 
@@ -28,11 +29,6 @@ EXIT_FAILED_CHECKS = 1
 class SourceOption(StrEnum):
     huggingface = "huggingface"
     modelscope = "modelscope"
-
-
-class FamilyOption(StrEnum):
-    cosyvoice2 = "cosyvoice2"
-    cosyvoice3 = "cosyvoice3"
 
 
 def register(app: typer.Typer) -> None:
@@ -60,12 +56,12 @@ def download(
         bool, typer.Option("--all", help="The whole snapshot, not only the files cosyserve reads.")
     ] = False,
     family: Annotated[
-        FamilyOption,
+        Family,
         typer.Option(
             "--model",
             help="cosyvoice2 (CosyVoice2-0.5B) or cosyvoice3 (Fun-CosyVoice3-0.5B-2512, its RL LM too).",
         ),
-    ] = FamilyOption.cosyvoice2,
+    ] = Family.COSYVOICE2,
 ) -> None:
     """Fetch official weights (resumable) and write their manifest."""
     from cosyserve.modeldir.download import Source
@@ -74,7 +70,7 @@ def download(
 
     if directory is not None:
         target = directory
-    elif family is FamilyOption.cosyvoice2:
+    elif family is Family.COSYVOICE2:
         target = default_model_dir()
     else:
         target = cached_model_dir(COSYVOICE3_MODEL_NAME)
@@ -82,7 +78,7 @@ def download(
     result = fetch(
         target,
         Source(source.value),
-        family=family.value,
+        family=family,
         revision=revision,
         endpoint=endpoint,
         everything=everything,

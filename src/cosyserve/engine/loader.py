@@ -23,9 +23,10 @@ from cosyserve.engine.config import EngineConfig
 from cosyserve.frontend.features import PromptFeatureExtractor
 from cosyserve.frontend.text_tokenizer import TextTokenizer
 from cosyserve.memory import prefetch
+from cosyserve.modeldir.family import Family
 from cosyserve.modeldir.hparams import ModelHParams
 from cosyserve.modeldir.hparams3 import Model3HParams
-from cosyserve.modeldir.layout import Family, ModelDir
+from cosyserve.modeldir.layout import ModelDir
 from cosyserve.models.dit import Flow3, flow3_checkpoint_table
 from cosyserve.models.flow.blocks import pack_convs_
 from cosyserve.models.flow.flow import Flow, flow_checkpoint_table

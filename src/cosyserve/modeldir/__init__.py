@@ -1,1 +1,1 @@
-"""The official CosyVoice2-0.5B model directory: layout, hyperparameters, generation."""
+"""Official model directories (CosyVoice 2 and 3): families, layout, hyperparameters, download, manifest."""

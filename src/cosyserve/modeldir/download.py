@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cosyserve.errors import CosyserveError
-from cosyserve.modeldir.layout import LLM_RL_FILE, QWEN_DIR, SPK2INFO_FILE, Family, ModelDir
+from cosyserve.modeldir.family import Family
+from cosyserve.modeldir.layout import LLM_RL_FILE, QWEN_DIR, SPK2INFO_FILE, ModelDir
 from cosyserve.modeldir.manifest import hash_files, listed_files, write_manifest
 
 if TYPE_CHECKING:

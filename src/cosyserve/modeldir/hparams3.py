@@ -9,6 +9,7 @@ reuse its dataclasses; what CosyVoice 3 changes has its own.
 from dataclasses import dataclass, field
 from typing import Any
 
+from cosyserve.modeldir.family import YAML3_FILE
 from cosyserve.modeldir.hparams import (
     CFMConfig,
     HiFTConfig,
@@ -24,7 +25,6 @@ from cosyserve.modeldir.hparams import (
     section_args,
 )
 
-YAML3_FILE = "cosyvoice3.yaml"
 # Upstream's CosyVoice3LM reserves 200 ids after the speech codes: sos, eos, task_id and
 # fill first, the rest unused; sampling any of them ends generation.
 EXTRA_SPEECH_IDS = 200

@@ -8,7 +8,6 @@ tensor is read); the readers
 parse their files on demand. Every problem is a :class:`ModelDirError` that names the file.
 """
 
-import enum
 import logging
 import pickle
 import zipfile
@@ -26,20 +25,22 @@ from cosyserve.frontend.text_tokenizer import (
     VOCAB_FILE,
     TextTokenizer,
 )
+from cosyserve.modeldir.family import (
+    CAMPPLUS_FILE,
+    FLOW_FILE,
+    HIFT_FILE,
+    LLM_FILE,
+    YAML3_FILE,
+    YAML_FILE,
+    Family,
+)
 from cosyserve.modeldir.hparams import ModelHParams, hparams_from_yaml, qwen2_config_from_json
-from cosyserve.modeldir.hparams3 import YAML3_FILE, Model3HParams, hparams3_from_yaml
+from cosyserve.modeldir.hparams3 import Model3HParams, hparams3_from_yaml
 
 logger = logging.getLogger(__name__)
 
-YAML_FILE = "cosyvoice2.yaml"
-LLM_FILE = "llm.pt"
 # The RL-tuned LM of Fun-CosyVoice3-0.5B-2512, a drop-in replacement of llm.pt.
 LLM_RL_FILE = "llm.rl.pt"
-FLOW_FILE = "flow.pt"
-HIFT_FILE = "hift.pt"
-CAMPPLUS_FILE = "campplus.onnx"
-SPEECH_TOKENIZER_FILE = "speech_tokenizer_v2.onnx"
-SPEECH_TOKENIZER3_FILE = "speech_tokenizer_v3.onnx"
 SPK2INFO_FILE = "spk2info.pt"
 QWEN_DIR = "CosyVoice-BlankEN"
 QWEN_CONFIG_FILE = "config.json"
@@ -48,29 +49,6 @@ MANIFEST_FILE = "manifest.sha256"
 # model.safetensors is not required: llm.pt overwrites every backbone weight.
 REQUIRED_QWEN_FILES = (QWEN_CONFIG_FILE, VOCAB_FILE, MERGES_FILE, TOKENIZER_CONFIG_FILE)
 SPEAKER_EMBED_DIM = 192
-
-
-class Family(enum.StrEnum):
-    """A CosyVoice model generation this server runs."""
-
-    COSYVOICE2 = "cosyvoice2"
-    COSYVOICE3 = "cosyvoice3"
-
-    @property
-    def yaml_file(self) -> str:
-        return YAML_FILE if self is Family.COSYVOICE2 else YAML3_FILE
-
-    @property
-    def speech_tokenizer_file(self) -> str:
-        return SPEECH_TOKENIZER_FILE if self is Family.COSYVOICE2 else SPEECH_TOKENIZER3_FILE
-
-    @property
-    def official_name(self) -> str:
-        return "CosyVoice2-0.5B" if self is Family.COSYVOICE2 else "Fun-CosyVoice3-0.5B-2512"
-
-    @property
-    def required_files(self) -> tuple[str, ...]:
-        return (self.yaml_file, LLM_FILE, FLOW_FILE, HIFT_FILE, CAMPPLUS_FILE, self.speech_tokenizer_file)
 
 
 _V1_YAML = "cosyvoice.yaml"

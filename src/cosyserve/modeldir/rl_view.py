@@ -12,7 +12,8 @@ import shutil
 from pathlib import Path
 
 from cosyserve.errors import ModelDirError
-from cosyserve.modeldir.layout import LLM_FILE, LLM_RL_FILE, MANIFEST_FILE, ModelDir
+from cosyserve.modeldir.family import LLM_FILE
+from cosyserve.modeldir.layout import LLM_RL_FILE, MANIFEST_FILE, ModelDir
 from cosyserve.modeldir.manifest import read_manifest, write_manifest
 
 

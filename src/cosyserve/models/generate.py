@@ -22,19 +22,10 @@ from torch import nn
 
 from cosyserve.errors import ModelDirError
 from cosyserve.modeldir import onnx_models
+from cosyserve.modeldir.family import CAMPPLUS_FILE, FLOW_FILE, HIFT_FILE, LLM_FILE, Family
 from cosyserve.modeldir.hparams import ModelHParams
 from cosyserve.modeldir.hparams3 import Model3HParams
-from cosyserve.modeldir.layout import (
-    CAMPPLUS_FILE,
-    FLOW_FILE,
-    HIFT_FILE,
-    LLM_FILE,
-    LLM_RL_FILE,
-    QWEN_DIR,
-    SPEAKER_EMBED_DIM,
-    SPK2INFO_FILE,
-    Family,
-)
+from cosyserve.modeldir.layout import LLM_RL_FILE, QWEN_DIR, SPEAKER_EMBED_DIM, SPK2INFO_FILE
 from cosyserve.modeldir.manifest import write_manifest
 from cosyserve.modeldir.presets import PRESETS, PRESETS3
 from cosyserve.modeldir.qwen_files import write_qwen_config, write_qwen_weights, write_tokenizer_files

@@ -29,7 +29,7 @@ from cosyserve.frontend.audio import AudioSource, PromptAudioLimits, load_prompt
 from cosyserve.frontend.pronunciation import Pronunciations
 from cosyserve.frontend.text_normalizer import TextNormalizer
 from cosyserve.frontend.text_tokens import COSYVOICE3_SPECIAL_TOKENS, SPECIAL_TOKENS
-from cosyserve.modeldir.layout import Family
+from cosyserve.modeldir.family import Family
 from cosyserve.pipeline.llm_prompt import END_OF_PROMPT, instruction, split_text_prompt, system_prompt
 from cosyserve.pipeline.request import Mode, SynthesisRequest
 from cosyserve.pipeline.voice import VoicePrompt

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cosyserve.frontend.pronunciation import Pronunciations
-from cosyserve.modeldir.layout import Family
+from cosyserve.modeldir.family import Family
 from cosyserve.server.service import SpeechService
 
 logger = logging.getLogger(__name__)
