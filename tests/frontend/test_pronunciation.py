@@ -4,7 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from cosyserve.frontend.pronunciation import PronunciationError, Pronunciations, to_cosyvoice3_tokens
+from cosyserve.frontend.pronunciation import (
+    PronunciationError,
+    Pronunciations,
+    read_text,
+    to_cosyvoice3_tokens,
+)
 
 
 @pytest.mark.parametrize(
@@ -62,7 +67,7 @@ def test_file_format_comments_and_errors_name_the_line(tmp_path: Path) -> None:
     with pytest.raises(PronunciationError, match=r"p:1: 长大: 'zhang9' is neither"):
         Pronunciations.parse("长大 zhang9 da4\n", cosyvoice3=True, source="p")
     with pytest.raises(PronunciationError, match="not readable"):
-        Pronunciations.read(tmp_path / "missing.txt", cosyvoice3=True)
+        read_text(tmp_path / "missing.txt")
 
 
 def test_longest_word_first_and_never_twice() -> None:

@@ -17,6 +17,7 @@ import re
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from cosyserve.errors import CosyserveError
@@ -48,14 +49,6 @@ class Pronunciations:
         return cls({})
 
     @classmethod
-    def read(cls, path: Path, cosyvoice3: bool) -> "Pronunciations":
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PronunciationError(f"{path}: not readable ({exc.__class__.__name__})") from None
-        return cls.parse(text, cosyvoice3, str(path))
-
-    @classmethod
     def parse(cls, text: str, cosyvoice3: bool, source: str = "pronunciations") -> "Pronunciations":
         entries: dict[str, str] = {}
         for number, raw in enumerate(text.splitlines(), start=1):
@@ -73,10 +66,24 @@ class Pronunciations:
         return cls(entries)
 
     def apply(self, text: str) -> str:
-        if not self.entries:
+        if self._pattern is None:
             return text
-        pattern = re.compile("|".join(re.escape(w) for w in sorted(self.entries, key=len, reverse=True)))
-        return pattern.sub(lambda m: self.entries[m.group(0)], text)
+        return self._pattern.sub(lambda m: self.entries[m.group(0)], text)
+
+    @cached_property
+    def _pattern(self) -> re.Pattern[str] | None:
+        """Every word, longest first: compiled once per dictionary, not per request."""
+        if not self.entries:
+            return None
+        return re.compile("|".join(re.escape(w) for w in sorted(self.entries, key=len, reverse=True)))
+
+
+def read_text(path: Path) -> str:
+    """A dictionary file's text; :class:`PronunciationError` if it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PronunciationError(f"{path}: not readable ({exc.__class__.__name__})") from None
 
 
 def to_cosyvoice3_tokens(spoken: str) -> str:

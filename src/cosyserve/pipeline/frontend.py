@@ -52,6 +52,9 @@ class Frontend:
         attribute to reload it (requests that started keep what they read)."""
         self.model = model
         self.pronunciations = pronunciations or Pronunciations.empty()
+        # CosyVoice 3's prompt marker and system prompt as ids: the same for every request.
+        self._end_of_prompt = set(self._encode(END_OF_PROMPT))
+        self._system_prompt = self._encode(system_prompt())
         cosyvoice3 = model.model_dir.family is Family.COSYVOICE3
         self.normalizer = TextNormalizer(COSYVOICE3_SPECIAL_TOKENS if cosyvoice3 else SPECIAL_TOKENS)
         self.audio_limits = audio_limits or PromptAudioLimits()
@@ -132,8 +135,8 @@ class Frontend:
         elif mode is Mode.INSTRUCT2:
             # Upstream does not normalise the instruction; the marker ends it.
             prefix = self._encode(instruction(request.instruct, cosyvoice3))
-        if cosyvoice3 and not head and not set(self._encode(END_OF_PROMPT)) <= set(prefix):
-            prefix = self._encode(system_prompt()) + prefix
+        if cosyvoice3 and not head and not self._end_of_prompt <= set(prefix):
+            prefix = self._system_prompt + prefix
         with_prompt = mode is not Mode.SFT
         opts = request.options
         return GenerationSpec(

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from cosyserve.frontend.pronunciation import Pronunciations
+from cosyserve.frontend.pronunciation import Pronunciations, read_text
 from cosyserve.modeldir.family import Family
 from cosyserve.server.service import SpeechService
 
@@ -28,11 +28,12 @@ class PronunciationFile:
         when the file cannot be read or has an entry a served model cannot speak."""
         if self.path is None:
             return
+        text = read_text(self.path)  # once, for every family's parse
         parsed: dict[Family, Pronunciations] = {}
         for service in services:
             family = service.model.model_dir.family
             if family not in parsed:
-                parsed[family] = Pronunciations.read(self.path, family is Family.COSYVOICE3)
+                parsed[family] = Pronunciations.parse(text, family is Family.COSYVOICE3, str(self.path))
         for service in services:
             service.frontend.pronunciations = parsed[service.model.model_dir.family]
         sizes = ", ".join(f"{family}: {len(words.entries)}" for family, words in parsed.items())
