@@ -16,7 +16,7 @@ from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids
 from cosyserve.engine.loader import LoadedModel, load_model
 from cosyserve.engine.request import GenerationSpec, generators_for
 from cosyserve.engine.token2wav3 import Token2Wav3
-from cosyserve.models.dit import Flow3, Flow3PromptCache
+from cosyserve.models.dit import Flow3, Flow3PromptCache, stream_cache_bytes
 from cosyserve.models.hift3 import CausalHiFTGenerator
 from cosyserve.models.lm3 import CosyVoice3LM
 from tests.engine.helpers import assert_same
@@ -134,3 +134,24 @@ def test_a_stream_whose_cache_does_not_fit_recomputes_as_upstream(model3: Loaded
     assert engine.stats.flow_cache_refusals == 1
     assert [c.size for c in refused.chunks] == [c.size for c in exact.chunks]
     assert float(np.abs(refused.audio - exact.audio).max()) <= 1e-5
+
+
+def test_float16_stream_caches_fit_twice_the_streams_and_stay_close(model3: LoadedModel) -> None:
+    """With ``flow_cache_fp16`` (the fast float32 CPU plans') a stream reserves half the
+    bytes: a budget too small for its float32 cache holds its float16 one, and the audio
+    stays within docs/precision.md's tolerance of the float32 cache's."""
+    spec = _stream_spec(model3, 90)
+    assert isinstance(model3.flow, Flow3)
+    frames = (spec.flow_prompt_tokens.numel() + 90) * model3.flow.cfg.token_mel_ratio
+    wide, narrow = (stream_cache_bytes(model3.flow, frames, d) for d in (None, torch.float16))
+    budget_mb = -(-narrow // (1 << 20))
+    assert narrow * 2 == wide > budget_mb << 20  # the float32 cache cannot fit
+    common = {"max_active": 1, "flow_prompt_cache_mb": 0}
+    for fp16, refusals in ((False, 1), (True, 0)):
+        engine = make_engine(model3, **common, flow_stream_cache_mb=budget_mb, flow_cache_fp16=fp16)
+        run_together(engine, [spec])
+        assert engine.stats.flow_cache_refusals == refusals
+    cached = run_together(make_engine(model3, **common, flow_cache_fp16=True), [spec])["s"]
+    reference = run_together(make_engine(model3, **common), [spec])["s"]
+    assert [c.size for c in cached.chunks] == [c.size for c in reference.chunks]
+    assert 0 < float(np.abs(cached.audio - reference.audio).max()) <= 2e-3

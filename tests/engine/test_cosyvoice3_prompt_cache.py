@@ -27,6 +27,7 @@ from tests.engine.helpers import assert_same, voice_plan_specs
 # test_whole_priming_deviates_in_a_bounded_way): the first two chunks, and the chunks after.
 _WHOLE_FIRST_CHUNKS_BOUND = 0.15
 _WHOLE_LATER_BOUND = 0.02
+_FP16_TOLERANCE = 2e-3  # float16 cached keys and values (docs/precision.md)
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +93,53 @@ def test_exact_priming_gives_the_chunks_of_no_priming(
             assert float((ours - theirs).abs().max()) <= 1e-5
     counted = primed > 0
     assert (cache.stats.misses, cache.stats.hits, len(cache)) == (int(counted), int(counted), int(counted))
+
+
+def test_streams_read_the_primed_frames_shared_and_write_their_own(model3: LoadedModel, flow3: Flow3) -> None:
+    voice = _voice(model3, 62)  # primes 100 frames
+    cache = Flow3PromptCache(flow3, max_bytes=1 << 30)
+    first, second = _stream(flow3, voice, cache), _stream(flow3, voice, cache)
+    for one, other in zip(first.caches, second.caches, strict=True):
+        assert one.shared == one.length == 100
+        pairs = zip(one.shared_keys, other.shared_keys, strict=True)
+        assert all(a is not None and b is not None and a.data_ptr() == b.data_ptr() for a, b in pairs)
+        assert all(k is None for k in one.keys + one.values)  # no frame of their own yet
+    _mels(flow3, first, _tokens(flow3))
+    assert first.cached_frames > 100
+    assert all(c.keys[0] is not None and c.keys[0].shape[2] >= c.length - 100 for c in first.caches)
+    # The exact-priming test shows a later stream from the same primed frames gives the
+    # chunks of no priming: no stream writes into them.
+
+
+def test_float16_stream_caches_stay_close_in_half_the_memory(model3: LoadedModel, flow3: Flow3) -> None:
+    """A float32 flow's caches held in float16 (the fast CPU plans'): every chunk within
+    docs/precision.md's tolerance, primed prompts and streams' own frames in half the bytes."""
+    voice, tokens = _voice(model3, 62), _tokens(flow3)
+    wide = Flow3PromptCache(flow3, 1 << 30)
+    narrow = Flow3PromptCache(flow3, 1 << 30, cache_dtype=torch.float16)
+    wide_stream, narrow_stream = _stream(flow3, voice, wide), _stream(flow3, voice, narrow)
+    want, got = _mels(flow3, wide_stream, tokens), _mels(flow3, narrow_stream, tokens)
+    assert [m.shape for m in got] == [m.shape for m in want]
+    for ours, theirs in zip(got, want, strict=True):
+        assert float((ours - theirs).abs().max()) <= _FP16_TOLERANCE
+    for kept in ("shared", "own"):
+        narrow_kv, wide_kv = _key_value_bytes(narrow_stream, kept), _key_value_bytes(wide_stream, kept)
+        assert narrow_kv * 2 == wide_kv > 0, kept
+    assert {k.dtype for c in narrow_stream.caches for k in c.keys + c.shared_keys if k is not None} == {
+        torch.float16
+    }
+
+
+def _key_value_bytes(stream: Flow3Stream, kept: str) -> int:
+    """Bytes of ``stream``'s keys and values: the primed frames it reads (``"shared"``) or
+    its own buffers."""
+    tensors = [
+        t
+        for c in stream.caches
+        for t in ((c.shared_keys + c.shared_values) if kept == "shared" else (c.keys + c.values))
+        if t is not None
+    ]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def test_whole_priming_deviates_in_a_bounded_way(model3: LoadedModel, flow3: Flow3) -> None:

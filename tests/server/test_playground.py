@@ -8,6 +8,7 @@ Screenshots go to the test's temporary directory (``--basetemp`` chooses where);
 ``COSYSERVE_UPDATE_SCREENSHOT=1`` the README's is also copied to docs/images/playground.png."""
 
 import io
+import math
 import os
 import shutil
 import time
@@ -229,7 +230,8 @@ def _speak(page: Page, *, keyboard: bool = False) -> dict[str, Any]:
     assert audio["rtf"] == pytest.approx(audio["wallMs"] / 1000 / audio["seconds"])
     assert audio["scheduledS"] == pytest.approx(audio["seconds"])  # all of it went to Web Audio
     # The timings are shown, as the page measured them.
-    expect(page.locator("#ttfa")).to_have_text(f"{round(audio['firstAudioMs'])} ms")
+    # Math.round: halves up (Python's round() takes them to the even neighbour).
+    expect(page.locator("#ttfa")).to_have_text(f"{math.floor(audio['firstAudioMs'] + 0.5)} ms")
     expect(page.locator("#rtf")).to_have_text(f"{audio['rtf']:.2f}")
     expect(page.locator("#duration")).to_have_text(f"{audio['seconds']:.2f} s")
     return audio

@@ -64,7 +64,8 @@ class Plan:
     convolutions packed for oneDNN; ``fused_bf16_attention``: the flow's bf16 attention in
     torch's fused kernel (fast with AMX tiles only; else split GEMMs).
     ``decode_capture``, ``traced_flow``: replay of decode steps and flow steps.
-    ``flow_cache``, ``flow_prompt_whole``: streaming flow work (docs/streaming.md).
+    ``flow_cache``, ``flow_prompt_whole``: streaming flow work (docs/streaming.md);
+    ``flow_cache_fp16``: a float32 flow's stream caches held in float16.
     ``first_hop``: default tokens in a stream's first chunk (None: upstream's, aligned to
     the 25-token block); ``hop_growth``: upstream's hop doubling within a request (25, 50,
     100) instead of a constant 25. ``threads``: torch threads of the engine.
@@ -84,6 +85,7 @@ class Plan:
     traced_flow: bool = True
     flow_cache: FlowCacheMode = "incremental"
     flow_prompt_whole: bool = False
+    flow_cache_fp16: bool = False
     first_hop: int | None = None
     hop_growth: bool = False
     threads: int = 1
@@ -126,6 +128,7 @@ class Plan:
             "traced_flow": _yes(self.traced_flow),
             "flow_cache": self.flow_cache,
             "flow_prompt_whole": _yes(self.flow_prompt_whole),
+            "flow_cache_fp16": _yes(self.flow_cache_fp16),
             "first_hop": "upstream" if self.first_hop is None else str(self.first_hop),
             "hop_growth": _yes(self.hop_growth),
             "threads": str(self.threads),
@@ -218,6 +221,9 @@ def _fill(plan: Plan, fast: bool) -> Plan:
         traced_flow=cpu and flow_cache != "exact",
         flow_cache=flow_cache,
         flow_prompt_whole=fast and flow_cache != "exact",
+        # Streams' caches grow with every frame: a float32 flow holds them in half the
+        # memory, within docs/precision.md's tolerances (16-bit flows hold them so anyway).
+        flow_cache_fp16=fast and cpu and flow_cache != "exact" and p.flow_dtype == torch.float32,
         first_hop=FAST_FIRST_HOP if fast else None,
         hop_growth=profile is Profile.EXACT,
         warnings=_warnings(p, machine),

@@ -57,6 +57,10 @@ class EngineConfig:
     time per single stream, and concurrent streams run as fast, with fewer page faults
     (``docs/streaming.md``, "Memory"). Same output: the keys and values are the same
     products.
+    ``flow_cache_fp16``: a float32 flow's incremental stream caches and primed prompts
+    hold their keys and values (compact caches: their inputs) in float16, half the memory,
+    and attention reads them converted back (``docs/precision.md``); ignored where the
+    flow computes in 16 bits already.
     ``flow_stream_rows``: incremental streaming chunks per flow call (0: no bound). A
     traced call holds every batched row's cached keys and values at once (56 layers x
     rows x history: about 830 MiB for 8 streams at 450 frames), while on a CPU a pass
@@ -98,6 +102,7 @@ class EngineConfig:
     flow_prompt_whole: bool = False
     flow_stream_cache_mb: int = 0
     flow_cache_compact: bool = True
+    flow_cache_fp16: bool = False
     flow_stream_rows: int = 2
     cuda_graphs: bool = True
     traced_decode: bool = True

@@ -112,12 +112,20 @@ class Engine:
             if not isinstance(hift, CausalHiFTGenerator):
                 raise TypeError("CosyVoice 3's flow needs its causal vocoder")
             budget = config.flow_stream_cache_mb or DEFAULT_CACHE_BUDGET_MB
+            cache_dtype = _stream_cache_dtype(config, flow)
             prompt_cache3 = None
             if config.flow_prompt_cache_mb > 0 and config.flow_cache != "exact":
                 mb, whole = config.flow_prompt_cache_mb, config.flow_prompt_whole
-                prompt_cache3 = Flow3PromptCache(flow, mb << 20, whole)
+                prompt_cache3 = Flow3PromptCache(flow, mb << 20, whole, cache_dtype)
             self.token2wav = Token2Wav3(
-                flow, hift, self.stats, config.flow_cache, budget << 20, self._flow_reserved, prompt_cache3
+                flow,
+                hift,
+                self.stats,
+                config.flow_cache,
+                budget << 20,
+                self._flow_reserved,
+                prompt_cache3,
+                cache_dtype,
             )
             self._hop = flow.cfg.dit.static_chunk_size // flow.cfg.token_mel_ratio
         else:
@@ -159,6 +167,7 @@ class Engine:
             reserved_bytes=self._flow_reserved,
             compact_caches=config.flow_cache_compact,
             stream_rows=config.flow_stream_rows,
+            cache_dtype=_stream_cache_dtype(config, flow),
         )
 
     # -- requests ---------------------------------------------------------------------------
@@ -380,3 +389,11 @@ def _default_capture(lm: AnySpeechLM, config: EngineConfig, trace_cache: TraceCa
 
 def _silence() -> np.ndarray:
     return np.zeros(0, dtype=np.float32)
+
+
+def _stream_cache_dtype(config: EngineConfig, flow: Flow | Flow3) -> torch.dtype | None:
+    """What the flow's stream caches hold keys and values in: float16 for a float32 flow
+    where ``config`` asks, else as computed."""
+    if config.flow_cache_fp16 and flow.speaker_proj.weight.dtype == torch.float32:
+        return torch.float16
+    return None

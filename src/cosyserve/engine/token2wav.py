@@ -86,6 +86,7 @@ class Token2Wav:
         reserved_bytes: Callable[[], int] | None = None,
         compact_caches: bool = False,
         stream_rows: int = 0,
+        cache_dtype: torch.dtype | None = None,
     ) -> None:
         if flow_cache not in FLOW_CACHE_MODES:
             raise ValueError(f"flow_cache must be one of {FLOW_CACHE_MODES}, not {flow_cache!r}")
@@ -104,6 +105,7 @@ class Token2Wav:
         self.cache_budget = cache_budget
         self.reserved_bytes = reserved_bytes
         self.compact_caches = compact_caches
+        self.cache_dtype = cache_dtype
         if stream_rows < 0:
             raise ValueError("stream_rows must not be negative")
         self.stream_rows = stream_rows
@@ -157,11 +159,10 @@ class Token2Wav:
         while a CUDA allocation is memory at once, and regrowing on a GPU is cheap."""
         spec = item.request.spec
         if self.prompt_cache is None:
-            cache = self.flow.new_stream_cache(self.compact_caches)
+            cache = self.flow.new_stream_cache(self.compact_caches, self.cache_dtype)
         else:
-            cache = self.prompt_cache.stream_cache(
-                spec.flow_prompt_tokens, spec.flow_prompt_mel, spec.embedding, self.compact_caches
-            )
+            voice = (spec.flow_prompt_tokens, spec.flow_prompt_mel, spec.embedding)
+            cache = self.prompt_cache.stream_cache(*voice, self.compact_caches, self.cache_dtype)
         if self._reserves_caches:
             cache.reserve(stream_tokens(item), self.flow.token_mel_ratio)
         return cache
@@ -216,7 +217,7 @@ class Token2Wav:
         more compute, no cache)."""
         if not self.cache_budget:
             return True
-        need = self.flow.stream_cache_bytes(stream_tokens(item), self.compact_caches)
+        need = self.flow.stream_cache_bytes(stream_tokens(item), self.compact_caches, self.cache_dtype)
         if not self._reserves_caches:
             need = 3 * need // 2  # the growth slack of unreserved buffers
         assert self.reserved_bytes is not None  # checked with the budget

@@ -15,14 +15,14 @@ last frames differ from upstream's).
 
 The flow's stream caches are large (keys and values of 22 layers x 10 Euler steps x 2
 guidance rows: 3.6 MB per mel frame in float32 on the released model, so 1.6 GB for a
-3 s prompt and 6 s of speech), so they share a budget, ``cache_budget`` bytes
-(:data:`DEFAULT_CACHE_BUDGET_MB` unless the engine's ``flow_stream_cache_mb`` says
-otherwise): a stream whose cache does not fit beside the others' recomputes its chunks as
-``"exact"`` does, with upstream's cost and memory.
+3 s prompt and 6 s of speech; ``cache_dtype`` float16 halves that), so they share a
+budget, ``cache_budget`` bytes (:data:`DEFAULT_CACHE_BUDGET_MB` unless the engine's
+``flow_stream_cache_mb`` says otherwise): a stream whose cache does not fit beside the
+others' recomputes its chunks as ``"exact"`` does, with upstream's cost and memory.
 
 ``prompt_cache`` (:class:`~cosyserve.models.dit.Flow3PromptCache`): a new stream starts
-from its voice's primed prompt frames, so its first chunk skips them (docs/streaming.md,
-"Primed voice prompts").
+from its voice's primed prompt frames, so its first chunk skips them, and reads them
+shared, so its cache holds its own frames only (docs/streaming.md, "Primed voice prompts").
 """
 
 from collections.abc import Callable
@@ -58,10 +58,12 @@ class Token2Wav3:
         cache_budget: int = DEFAULT_CACHE_BUDGET_MB << 20,
         reserved_bytes: Callable[[], int] = lambda: 0,
         prompt_cache: Flow3PromptCache | None = None,
+        cache_dtype: torch.dtype | None = None,
     ) -> None:
         """``reserved_bytes``: what the running streams' caches have reserved (the engine
         sums its segments' ``flow_reserved``); ``prompt_cache``: primed voice prompts that
-        new streams start from, or None."""
+        new streams start from, or None; ``cache_dtype``: what streams' keys and values
+        are held in (None: the flow's dtype), as ``prompt_cache``'s."""
         if flow_cache not in FLOW_CACHE_MODES:
             raise ValueError(f"flow_cache must be one of {FLOW_CACHE_MODES}, not {flow_cache!r}")
         if cache_budget < 0:
@@ -73,6 +75,7 @@ class Token2Wav3:
         self.cache_budget = cache_budget
         self.reserved_bytes = reserved_bytes
         self.prompt_cache = prompt_cache
+        self.cache_dtype = cache_dtype
         self._lookahead = flow.cfg.pre_lookahead_len
 
     @torch.inference_mode()
@@ -126,7 +129,7 @@ class Token2Wav3:
             )
             frames = self._stream_frames(item)
             if self.prompt_cache is None:
-                stream = Flow3Stream(self.flow, *voice, frames=frames)
+                stream = Flow3Stream(self.flow, *voice, frames=frames, cache_dtype=self.cache_dtype)
             else:
                 stream = self.prompt_cache.stream(*voice, frames=frames)
             seg.flow3 = stream
@@ -145,13 +148,21 @@ class Token2Wav3:
         (then it is reserved for the longest the segment can get), or recomputes every chunk."""
         if item.seg.flow_exact:
             return False
-        need = stream_cache_bytes(self.flow, self._stream_frames(item))
+        own = self._stream_frames(item) - self._primed_frames(item)
+        need = stream_cache_bytes(self.flow, own, self.cache_dtype)
         room = self.cache_budget - self.reserved_bytes() if self.cache_budget else need
         return reserve_stream_cache(item, need, room, self.stats)
 
     def _stream_frames(self, item: ChunkWork) -> int:
         """The most mel frames ``item``'s stream can reach: its prompt's and its longest output's."""
         return stream_tokens(item) * self.flow.cfg.token_mel_ratio
+
+    def _primed_frames(self, item: ChunkWork) -> int:
+        """The frames ``item``'s stream reads from its voice's primed prompt."""
+        if self.prompt_cache is None:
+            return 0
+        spec = item.request.spec
+        return self.prompt_cache.primed_frames(spec.flow_prompt_tokens.numel(), spec.flow_prompt_mel.shape[0])
 
     # -- vocoder ------------------------------------------------------------------------------
 

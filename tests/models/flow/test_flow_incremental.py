@@ -18,12 +18,13 @@ from cosyserve.engine.token2wav import ChunkWork, Token2Wav
 from cosyserve.modeldir.presets import TINY
 from cosyserve.models.flow import Flow
 from cosyserve.models.flow.blocks import SelfAttention
-from cosyserve.models.flow.stream_cache import FlowStreamCache
+from cosyserve.models.flow.stream_cache import FlowStreamCache, LayerStates
 from cosyserve.models.hift.generator import HiFTGenerator
 from cosyserve.models.lm import CosyVoice2LM
 from cosyserve.weights.randomize import randomize_
 
 _TOL = 1e-4
+_FP16_TOL = 2e-3  # float16 cached states (docs/precision.md)
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +104,23 @@ def test_incremental_chunks_equal_the_exact_path(
             assert cache.tokens <= prompt + chunk.token_end - TINY.flow.pre_lookahead_len
     assert frames == 2 * tokens
     assert cache.finished and cache.nbytes() == 0
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_float16_caches_stay_close_to_the_exact_path_in_half_the_memory(flow: Flow, compact: bool) -> None:
+    """A float32 flow's steps held in float16: every chunk within docs/precision.md's
+    tolerance of upstream's, the Euler steps' states in half the bytes."""
+    voice = Voice(25, 64, seed=3)
+    wide, narrow = flow.new_stream_cache(compact), flow.new_stream_cache(compact, torch.float16)
+    for chunk in voice.chunks(5):
+        got = voice.incremental(flow, narrow, chunk)
+        want = voice.exact(flow, chunk)
+        assert float((got - want).abs().max()) <= _FP16_TOL, chunk
+        voice.incremental(flow, wide, chunk)
+        if not chunk.finalize:
+            assert {t.dtype for s in narrow.steps for t in s.tensors() if t.dim() == 4} == {torch.float16}
+            steps = [sum(s.nbytes() for s in c.steps) - _contexts(c, c.steps) for c in (wide, narrow)]
+            assert steps[1] * 2 == steps[0] > 0, chunk
 
 
 def test_each_chunk_runs_the_estimator_over_its_new_frames_only(flow: Flow) -> None:
@@ -263,18 +281,20 @@ def test_engine_config_checks_the_flow_cache_mode() -> None:
 
 @pytest.mark.parametrize(("prompt", "tokens", "first_hop"), [(25, 130, 5), (13, 70, None), (0, 58, 7)])
 @pytest.mark.parametrize("compact", [False, True])
+@pytest.mark.parametrize("dtype", [None, torch.float16])
 def test_stream_cache_bytes_bounds_the_cache_a_stream_holds(
-    flow: Flow, prompt: int, tokens: int, first_hop: int | None, compact: bool
+    flow: Flow, prompt: int, tokens: int, first_hop: int | None, compact: bool, dtype: torch.dtype | None
 ) -> None:
     voice = Voice(prompt, tokens, seed=prompt + 1)
-    cache = flow.new_stream_cache(compact)
-    exact = flow.stream_cache_bytes(prompt + tokens, compact)
+    cache = flow.new_stream_cache(compact, dtype)
+    exact = flow.stream_cache_bytes(prompt + tokens, compact, dtype)
     for chunk in voice.chunks(first_hop):
         voice.incremental(flow, cache, chunk)
         if not chunk.finalize:
             # Grown x1.5 at a time: at most half again the whole stream's states, at least
             # the cached positions'.
-            assert flow.stream_cache_bytes(cache.tokens, compact) <= cache.nbytes() <= 3 * exact // 2, chunk
+            low = flow.stream_cache_bytes(cache.tokens, compact, dtype)
+            assert low <= cache.nbytes() <= 3 * exact // 2, chunk
 
 
 def test_a_compact_cache_keeps_the_estimator_layers_inputs_instead_of_keys_and_values(flow: Flow) -> None:
@@ -324,6 +344,8 @@ def test_a_reserved_stream_cache_is_allocated_once_after_the_first_chunk(
             buffers = pointers
 
 
-def _contexts(cache: FlowStreamCache) -> int:
-    """Bytes of the causal convolutions' cached contexts (3-D; keys and values are 4-D)."""
-    return sum(t.numel() * t.element_size() for t in cache.tensors() if t.dim() == 3)
+def _contexts(cache: FlowStreamCache, states: list[LayerStates] | None = None) -> int:
+    """Bytes of the causal convolutions' cached contexts (3-D; keys and values are 4-D) in
+    ``states`` (default: all of ``cache``'s)."""
+    tensors = cache.tensors() if states is None else [t for s in states for t in s.tensors()]
+    return sum(t.numel() * t.element_size() for t in tensors if t.dim() == 3)

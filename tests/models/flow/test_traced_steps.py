@@ -40,22 +40,34 @@ def _eager_and_traced(flow: Flow, dtype: torch.dtype) -> tuple[Flow, Flow]:
 
 
 def _lockstep(
-    flow: Flow, voices: list[Voice], hops: list[int | None], primed: FlowStreamCache, compact: bool = False
+    flow: Flow,
+    voices: list[Voice],
+    hops: list[int | None],
+    primed: FlowStreamCache,
+    compact: bool = False,
+    cache_dtype: torch.dtype | None = None,
 ) -> list[list[torch.Tensor]]:
     """Each voice streamed, those of the primed voice forked from it, in lockstep batches."""
     streams = [v.chunks(h) for v, h in zip(voices, hops, strict=True)]
     shared = voices[0].prompt_token
     caches = [
-        primed.fork(compact) if v.prompt_token is shared else flow.new_stream_cache(compact) for v in voices
+        primed.fork(compact, cache_dtype)
+        if v.prompt_token is shared
+        else flow.new_stream_cache(compact, cache_dtype)
+        for v in voices
     ]
     got, batches = stream_in_lockstep(flow, voices, streams, caches)
     assert max(batches) >= 2
     return got
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("dtype", "cache_dtype"), [(torch.float32, None), (torch.bfloat16, None), (torch.float32, torch.float16)]
+)
 @pytest.mark.parametrize("compact", [False, True])
-def test_traced_streams_give_the_eager_streams_bits(flow: Flow, dtype: torch.dtype, compact: bool) -> None:
+def test_traced_streams_give_the_eager_streams_bits(
+    flow: Flow, dtype: torch.dtype, cache_dtype: torch.dtype | None, compact: bool
+) -> None:
     eager, traced = _eager_and_traced(flow, dtype)
     assert traced.cfm.traced_steps is not None
     if dtype == torch.bfloat16:
@@ -72,8 +84,8 @@ def test_traced_streams_give_the_eager_streams_bits(flow: Flow, dtype: torch.dty
         voices[0].embedding,
     )
     hops = [5, None, None, 6]  # short first hops put streams out of step: ragged batches
-    want = _lockstep(eager, voices, hops, eager.prime_stream(*_voice(voices[0])), compact)
-    got = _lockstep(traced, voices, hops, traced.prime_stream(*_voice(voices[0])), compact)
+    want = _lockstep(eager, voices, hops, eager.prime_stream(*_voice(voices[0])), compact, cache_dtype)
+    got = _lockstep(traced, voices, hops, traced.prime_stream(*_voice(voices[0])), compact, cache_dtype)
     for g, w in zip(got, want, strict=True):
         assert len(g) == len(w)
         assert all(torch.equal(a, b) for a, b in zip(g, w, strict=True))

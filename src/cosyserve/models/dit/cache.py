@@ -13,11 +13,14 @@ overwrites the rest. Keys and values live in buffers that grow by doubling, so a
 neither copies the cache nor concatenates to it.
 
 A voice prompt's primed frames (:mod:`cosyserve.models.dit.prompt_cache`) are a cache
-trimmed to its frames (:meth:`StepCache.trimmed`), which each new stream of the voice
-copies into buffers of its own (:meth:`StepCache.fork`).
+trimmed to its frames (:meth:`StepCache.trimmed`). Each new stream of the voice reads
+them, shared and never written, before its own frames (:meth:`StepCache.fork`).
 
 Memory: ``2 rows x 2 (k, v) x heads x head_dim`` values per frame, layer and Euler step:
 3.6 MB per frame in float32 for the released model (22 layers, 10 steps, width 1024).
+A cache may hold them in a narrower ``dtype`` than the DiT computes in (float16 on a
+float32 CPU plan: half the memory, so twice the cached streams); attention then reads the
+cached frames converted back, the new frames as computed.
 """
 
 import torch
@@ -27,41 +30,67 @@ MIN_CAPACITY = 256  # frames
 
 
 class StepCache:
-    """Cached frames of one Euler step. Keys/values are ``(R, H, capacity, d)`` buffers per
-    layer (``R`` = 2 guidance rows), the first ``length`` frames valid; convolution tails
-    are ``(R, D, kernel - 1)``, zeros before the first frame as the causal convolutions
-    pad."""
+    """Cached frames of one Euler step. The first ``shared`` of the ``length`` valid frames
+    are a primed prompt's (``(R, H, shared, d)`` per layer, ``R`` = 2 guidance rows, read
+    only); the frames after them live in ``(R, H, capacity, d)`` buffers of its own.
+    Convolution tails are ``(R, D, kernel - 1)``, zeros before the first frame as the
+    causal convolutions pad."""
 
-    def __init__(self, depth: int, capacity: int = MIN_CAPACITY) -> None:
-        """``capacity``: frames the buffers are first made for (more grow them)."""
+    def __init__(self, depth: int, capacity: int = MIN_CAPACITY, dtype: torch.dtype | None = None) -> None:
+        """``capacity``: frames of its own the buffers are first made for (more grow them);
+        ``dtype``: what keys and values are held in (None: as computed)."""
         self.length = 0
+        self.shared = 0
         self.capacity = max(MIN_CAPACITY, capacity)
+        self.dtype = dtype
         self.keys: list[Tensor | None] = [None] * depth
         self.values: list[Tensor | None] = [None] * depth
+        self.shared_keys: list[Tensor | None] = [None] * depth
+        self.shared_values: list[Tensor | None] = [None] * depth
         self.tails: dict[str, Tensor] = {}
         self._pending_tails: dict[str, tuple[Tensor, int]] = {}
 
     def attend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys/values ``(R, H, T, d)`` of the new frames -> views of those of the cached
-        frames followed by them, ``(R, H, length + T, d)``. The new ones are pending."""
-        end = self.length + k.shape[2]
-        keys = self._room(self.keys[layer], k, end)
-        values = self._room(self.values[layer], v, end)
-        keys[:, :, self.length : end] = k
-        values[:, :, self.length : end] = v
-        self.keys[layer], self.values[layer] = keys, values
-        return keys[:, :, :end], values[:, :, :end]
+        """Keys/values ``(R, H, T, d)`` of the new frames -> those of the cached frames
+        followed by them, ``(R, H, length + T, d)`` in ``k``'s dtype: views of the buffers
+        where they hold every frame as computed, else a copy. The new ones are pending."""
+        keys = self._write(self.keys, layer, k)
+        values = self._write(self.values, layer, v)
+        if not self.shared and keys.dtype == k.dtype:
+            end = self.length + k.shape[2]
+            return keys[:, :, :end], values[:, :, :end]
+        return self._read(self.shared_keys[layer], keys, k), self._read(self.shared_values[layer], values, v)
 
-    def _room(self, buffer: Tensor | None, new: Tensor, end: int) -> Tensor:
-        """``buffer``, or a copy of its valid frames in one at least twice as long, holding
-        ``end`` frames."""
-        if buffer is not None and buffer.shape[2] >= end:
-            return buffer
+    def _write(self, buffers: list[Tensor | None], layer: int, new: Tensor) -> Tensor:
+        """``layer``'s own buffer with ``new`` written after the cached frames."""
+        start = self.length - self.shared
+        end = start + new.shape[2]
+        buffer = buffers[layer]
+        if buffer is None or buffer.shape[2] < end:
+            buffer = self._grown(buffer, new, end)
+        buffer[:, :, start:end] = new
+        buffers[layer] = buffer
+        return buffer
+
+    def _grown(self, buffer: Tensor | None, new: Tensor, end: int) -> Tensor:
+        """A buffer at least twice as long as ``buffer`` holding ``end`` own frames, with
+        ``buffer``'s valid frames copied in."""
         capacity = max(self.capacity, end, 0 if buffer is None else 2 * buffer.shape[2])
-        grown = new.new_empty(new.shape[0], new.shape[1], capacity, new.shape[3])
+        shape = (new.shape[0], new.shape[1], capacity, new.shape[3])
+        grown = torch.empty(shape, dtype=self.dtype or new.dtype, device=new.device)
         if buffer is not None:
-            grown[:, :, : self.length] = buffer[:, :, : self.length]
+            own = self.length - self.shared
+            grown[:, :, :own] = buffer[:, :, :own]
         return grown
+
+    def _read(self, shared: Tensor | None, own: Tensor, new: Tensor) -> Tensor:
+        """The shared frames, the own cached ones and ``new``, in ``new``'s dtype."""
+        out = new.new_empty(new.shape[0], new.shape[1], self.length + new.shape[2], new.shape[3])
+        if shared is not None:
+            out[:, :, : self.shared] = shared
+        out[:, :, self.shared : self.length] = own[:, :, : self.length - self.shared]
+        out[:, :, self.length :] = new
+        return out
 
     def left_pad(self, name: str, x: Tensor, width: int) -> Tensor:
         """``x`` ``(R, D, T)`` preceded by the ``width`` cached inputs of convolution
@@ -85,38 +114,33 @@ class StepCache:
     def trimmed(self) -> "StepCache":
         """A copy holding only the committed frames, in buffers exactly that long (a primed
         prompt kept for later streams; it takes no pending work)."""
-        if self._pending_tails:
-            raise RuntimeError("a step cache with pending frames cannot be trimmed")
-        out = StepCache(len(self.keys))
+        self._check_own("trimmed")
+        out = StepCache(len(self.keys), dtype=self.dtype)
         out.length = out.capacity = self.length
         out.keys = [None if k is None else k[:, :, : self.length].clone() for k in self.keys]
         out.values = [None if v is None else v[:, :, : self.length].clone() for v in self.values]
         out.tails = dict(self.tails)  # replaced, never written in place: shared safely
         return out
 
-    def fork(self, capacity: int = MIN_CAPACITY) -> "StepCache":
-        """A new cache starting from this one's committed frames, copied into its own
-        buffers of ``capacity`` frames (at least these and :data:`MIN_CAPACITY`)."""
-        if self._pending_tails:
-            raise RuntimeError("a step cache with pending frames cannot be forked")
-        out = StepCache(len(self.keys), max(capacity, self.length))
-        out.length = self.length
-        for layer, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
-            if k is None or v is None:
-                continue
-            out.keys[layer] = _copy_into(k, self.length, out.capacity)
-            out.values[layer] = _copy_into(v, self.length, out.capacity)
+    def fork(self, capacity: int = MIN_CAPACITY, dtype: torch.dtype | None = None) -> "StepCache":
+        """A new cache continuing from this one's committed frames, which it reads shared
+        (neither cache writes them); its own frames go into buffers first made for
+        ``capacity`` frames in all (these included), held in ``dtype`` (None: as computed)."""
+        self._check_own("forked")
+        out = StepCache(len(self.keys), capacity - self.length, dtype)
+        out.length = out.shared = self.length
+        out.shared_keys = [None if k is None else k[:, :, : self.length] for k in self.keys]
+        out.shared_values = [None if v is None else v[:, :, : self.length] for v in self.values]
         out.tails = dict(self.tails)
         return out
 
+    def _check_own(self, what: str) -> None:
+        if self._pending_tails:
+            raise RuntimeError(f"a step cache with pending frames cannot be {what}")
+        if self.shared:
+            raise RuntimeError(f"a step cache reading shared frames cannot be {what}")
+
     def nbytes(self) -> int:
-        """Memory of the buffers and convolution tails."""
+        """Memory of its own buffers and convolution tails (shared frames are their owner's)."""
         buffers = [t for t in self.keys + self.values if t is not None] + list(self.tails.values())
         return sum(t.numel() * t.element_size() for t in buffers)
-
-
-def _copy_into(buffer: Tensor, length: int, capacity: int) -> Tensor:
-    """A ``(R, H, capacity, d)`` buffer whose first ``length`` frames are ``buffer``'s."""
-    out = buffer.new_empty(buffer.shape[0], buffer.shape[1], capacity, buffer.shape[3])
-    out[:, :, :length] = buffer[:, :, :length]
-    return out

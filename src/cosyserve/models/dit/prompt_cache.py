@@ -12,11 +12,13 @@ ahead at zeros as if the prompt ended there (a deviation, largest in the first c
 3 s prompt's first push then computes its own frames only.
 
 Memory: each voice holds its primed frames' keys and values (3.6 MB a frame in float32 on
-the released model: 360 MB for a 3 s prompt, 540 MB primed whole), bounded by the cache's
-bytes, least recently used voice out. Each stream copies them into its own buffers, which
-are made for its whole length anyway (:meth:`~cosyserve.models.dit.cache.StepCache.fork`).
+the released model: 360 MB for a 3 s prompt, 540 MB primed whole; half in float16), bounded
+by the cache's bytes, least recently used voice out. Streams read them without a copy
+(:meth:`~cosyserve.models.dit.cache.StepCache.fork`); a voice evicted while its streams
+run is freed when they end.
 """
 
+import torch
 from torch import Tensor
 
 from cosyserve.models.dit.cache import StepCache
@@ -33,11 +35,21 @@ class Flow3PromptCache(PrimedPromptCache[list[StepCache]]):
     """Primed step caches of CosyVoice 3 voice prompts (see
     :class:`~cosyserve.models.flow.prompt_cache.PrimedPromptCache`)."""
 
-    def __init__(self, flow: Flow3, max_bytes: int, whole: bool = False) -> None:
-        """``whole``: prime every complete attention chunk of a prompt (a deviation)."""
+    def __init__(
+        self, flow: Flow3, max_bytes: int, whole: bool = False, cache_dtype: torch.dtype | None = None
+    ) -> None:
+        """``whole``: prime every complete attention chunk of a prompt (a deviation);
+        ``cache_dtype``: what primed and streams' keys and values are held in (None: the
+        flow's dtype)."""
         super().__init__(max_bytes, flow.speaker_proj.weight, _steps_bytes)
         self.flow = flow
         self.whole = whole
+        self.cache_dtype = cache_dtype
+
+    def primed_frames(self, prompt_tokens: int, prompt_frames: int) -> int:
+        """The frames a stream of a prompt this long reads primed (see
+        :func:`~cosyserve.models.dit.stream.primed_prompt_frames`)."""
+        return primed_prompt_frames(self.flow, prompt_tokens, prompt_frames, self.whole)
 
     def stream(
         self, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor, frames: int = 0
@@ -45,12 +57,13 @@ class Flow3PromptCache(PrimedPromptCache[list[StepCache]]):
         """A new :class:`Flow3Stream` of this voice starting after its primed frames
         (primed now on a miss; a prompt without a primable chunk is neither primed nor
         counted). Arguments on the flow's device, as for :class:`Flow3Stream`."""
-        prefix = primed_prompt_frames(self.flow, prompt_token.shape[1], prompt_feat.shape[1], self.whole)
+        prefix = self.primed_frames(prompt_token.shape[1], prompt_feat.shape[1])
+        voice = (self.flow, prompt_token, prompt_feat, embedding, frames)
         if prefix == 0:
-            return Flow3Stream(self.flow, prompt_token, prompt_feat, embedding, frames)
+            return Flow3Stream(*voice, cache_dtype=self.cache_dtype)
 
         def prime() -> list[StepCache]:
-            return prime_prompt(self.flow, prompt_token, prompt_feat, embedding, prefix)
+            return prime_prompt(self.flow, prompt_token, prompt_feat, embedding, prefix, self.cache_dtype)
 
         primed = self.primed(prompt_token, prompt_feat, embedding, prime)
-        return Flow3Stream(self.flow, prompt_token, prompt_feat, embedding, frames, primed)
+        return Flow3Stream(*voice, primed, self.cache_dtype)

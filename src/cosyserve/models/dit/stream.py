@@ -16,7 +16,8 @@ returned before, as upstream's ``token_offset`` slicing does).
 A voice prompt's first frames are the same in every stream of the voice: a stream may
 start from them primed (:func:`prime_prompt`, :func:`primed_prompt_frames`, kept by
 :class:`~cosyserve.models.dit.prompt_cache.Flow3PromptCache`), so that its first push
-computes only the frames after them.
+computes only the frames after them, and reads their keys and values from the shared
+primed caches instead of holding a copy.
 """
 
 from collections.abc import Sequence
@@ -44,13 +45,16 @@ class Flow3Stream:
         embedding: Tensor,
         frames: int = 0,
         primed: Sequence[StepCache] | None = None,
+        cache_dtype: torch.dtype | None = None,
     ) -> None:
         """``prompt_token``: ``(1, P)``; ``prompt_feat``: ``(1, F, 80)``; ``embedding``:
         ``(1, spk_embed_dim)``; ``frames``: the most frames (prompt included) the stream
         is expected to reach, which its caches are made for at once (0: grown as needed).
         On a CPU the pages of unreached frames are never written and cost no memory.
-        ``primed``: this voice's :func:`prime_prompt` caches, copied into the stream's own
-        (the first push then starts after their frames), or None."""
+        ``primed``: this voice's :func:`prime_prompt` caches, which the stream reads its
+        first frames from (the first push then starts after them), or None.
+        ``cache_dtype``: what the stream's own keys and values are held in (None: the
+        flow's dtype; see :mod:`cosyserve.models.dit.cache`)."""
         self.flow = flow
         dtype = next(flow.parameters()).dtype
         self.prompt_token = prompt_token
@@ -60,11 +64,12 @@ class Flow3Stream:
         with torch.inference_mode():
             self.spks = flow.speaker(self.embedding)  # (1, 80)
         if primed is None:
-            self.caches = [StepCache(flow.cfg.dit.depth, frames) for _ in range(flow.cfg.cfm.n_timesteps)]
+            steps = flow.cfg.cfm.n_timesteps
+            self.caches = [StepCache(flow.cfg.dit.depth, frames, cache_dtype) for _ in range(steps)]
         else:
             if len(primed) != flow.cfg.cfm.n_timesteps or primed[0].length > prompt_feat.shape[1]:
                 raise ValueError("primed caches of another flow or prompt")
-            self.caches = [cache.fork(frames) for cache in primed]
+            self.caches = [cache.fork(frames, cache_dtype) for cache in primed]
         self.returned = prompt_feat.shape[1]  # frames returned so far, the prompt's included
         self.finished = False
 
@@ -136,12 +141,18 @@ def primed_prompt_frames(flow: Flow3, prompt_tokens: int, prompt_frames: int, wh
 
 @torch.inference_mode()
 def prime_prompt(
-    flow: Flow3, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor, frames: int
+    flow: Flow3,
+    prompt_token: Tensor,
+    prompt_feat: Tensor,
+    embedding: Tensor,
+    frames: int,
+    cache_dtype: torch.dtype | None = None,
 ) -> list[StepCache]:
     """The step caches of a voice prompt's first ``frames`` frames (a multiple of the
     attention chunk, at most :func:`primed_prompt_frames`), trimmed to them: what a stream
     of this voice would have cached after them, but for the look-ahead of the prompt's
-    last tokens, read as zeros. Arguments on the flow's device, as for :class:`Flow3Stream`."""
+    last tokens, read as zeros. Arguments on the flow's device, as for :class:`Flow3Stream`;
+    ``cache_dtype``: what the keys and values are held in (None: the flow's dtype)."""
     if frames <= 0 or frames % flow.cfg.dit.static_chunk_size:
         raise ValueError(f"cannot prime {frames} frames: whole attention chunks only")
     dtype = next(flow.parameters()).dtype
@@ -149,18 +160,18 @@ def prime_prompt(
     if mu.shape[2] < frames or prompt_feat.shape[1] < frames:
         raise ValueError(f"cannot prime {frames} frames of a shorter prompt")
     cond = flow.conditions(prompt_feat[:, :frames].to(dtype), frames)
-    caches = [StepCache(flow.cfg.dit.depth, frames) for _ in range(flow.cfg.cfm.n_timesteps)]
+    caches = [StepCache(flow.cfg.dit.depth, frames, cache_dtype) for _ in range(flow.cfg.cfm.n_timesteps)]
     flow.cfm(mu, flow.speaker(embedding.to(dtype)), cond, True, caches)
     for cache in caches:
         cache.commit(frames)
     return [cache.trimmed() for cache in caches]
 
 
-def stream_cache_bytes(flow: Flow3, frames: int) -> int:
-    """The memory a stream's caches hold at ``frames`` frames: keys and values of both
-    guidance rows, every layer and Euler step, in the flow's dtype (convolution tails
-    aside: a few frames each)."""
+def stream_cache_bytes(flow: Flow3, frames: int, cache_dtype: torch.dtype | None = None) -> int:
+    """The memory a stream's caches hold at ``frames`` frames of its own: keys and values
+    of both guidance rows, every layer and Euler step, in ``cache_dtype`` (None: the
+    flow's dtype; convolution tails aside: a few frames each)."""
     cfg = flow.cfg
-    itemsize = next(flow.parameters()).element_size()
+    itemsize = (cache_dtype or next(flow.parameters()).dtype).itemsize
     per_frame = 2 * 2 * cfg.dit.heads * cfg.dit.dim_head * cfg.dit.depth * cfg.cfm.n_timesteps * itemsize
     return frames * per_frame

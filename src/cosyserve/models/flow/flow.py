@@ -152,10 +152,10 @@ class Flow(nn.Module):
         mel: Tensor = self.cfm(mu, mask, spks, cond, streaming)  # (B, 80, T_all) float32
         return mel[:, :, prompt_frames:]
 
-    def new_stream_cache(self, compact: bool = False) -> FlowStreamCache:
-        """An empty cache for one stream of :meth:`stream` calls (``compact``: see
-        :class:`FlowStreamCache`)."""
-        return FlowStreamCache(self.cfg.cfm.n_timesteps, compact)
+    def new_stream_cache(self, compact: bool = False, dtype: torch.dtype | None = None) -> FlowStreamCache:
+        """An empty cache for one stream of :meth:`stream` calls (``compact``, ``dtype``:
+        see :class:`FlowStreamCache`)."""
+        return FlowStreamCache(self.cfg.cfm.n_timesteps, compact, dtype)
 
     @torch.inference_mode()
     def stream(
@@ -213,11 +213,12 @@ class Flow(nn.Module):
         usable = min(prompt_tokens - reach, prompt_frames // self.token_mel_ratio)
         return max(0, usable) // self.stream_block * self.stream_block
 
-    def stream_cache_bytes(self, tokens: int, compact: bool = False) -> int:
+    def stream_cache_bytes(self, tokens: int, compact: bool = False, dtype: torch.dtype | None = None) -> int:
         """The memory of the keys and values of ``tokens`` tokens (prompt included) in a
         :meth:`stream` cache: every attention layer's, the encoder's at token and at frame
         rate and each Euler step's for both CFG branches (``compact``: the estimator
-        layers' inputs instead). A cache reserved for ``tokens``
+        layers' inputs instead; ``dtype``: what the Euler steps' are held in, None for the
+        flow's own). A cache reserved for ``tokens``
         (:meth:`FlowStreamCache.reserve`) holds this much; one left to grow holds up to
         half as much again (its buffers grow x1.5). The convolution contexts, a few frames
         each, are left out."""
@@ -225,8 +226,9 @@ class Flow(nn.Module):
         per_token = _key_value_width(self.encoder.layers)
         per_frame = _key_value_width(self.encoder.up_layers)
         step = _input_width(self.cfm.estimator) if compact else _key_value_width(self.cfm.estimator)
-        per_frame += 2 * self.cfg.cfm.n_timesteps * step
-        return self.speaker_proj.weight.element_size() * (per_token * tokens + per_frame * frames)
+        itemsize = self.speaker_proj.weight.element_size()
+        steps = 2 * self.cfg.cfm.n_timesteps * step * frames * (dtype.itemsize if dtype else itemsize)
+        return itemsize * (per_token * tokens + per_frame * frames) + steps
 
     @torch.inference_mode()
     def prime_stream(

@@ -110,21 +110,26 @@ class FlowPromptCache(PrimedPromptCache[FlowStreamCache]):
         self.whole = whole
 
     def stream_cache(
-        self, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor, compact: bool = False
+        self,
+        prompt_token: Tensor,
+        prompt_feat: Tensor,
+        embedding: Tensor,
+        compact: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> FlowStreamCache:
         """A cache for a new :meth:`Flow.stream` of this voice (batch of one), starting
-        after its primed prefix (primed now on a miss). ``compact``: the stream's own
-        positions are kept compact (:class:`FlowStreamCache`); the primed ones, shared by
-        every stream of the voice, stay keys and values.
+        after its primed prefix (primed now on a miss). ``compact``, ``dtype``: how the
+        stream's own positions are kept (:class:`FlowStreamCache`); the primed ones, shared
+        by every stream of the voice, stay keys and values as computed.
 
         The voice, on any device: ``prompt_token`` ``(P,)`` int, ``prompt_feat``
         ``(P_mel, 80)`` log-mel, ``embedding`` ``(spk_embed_dim,)``."""
         if self.flow.voice_prefix(prompt_token.shape[0], prompt_feat.shape[0], self.whole) == 0:
-            return self.flow.new_stream_cache(compact)  # nothing to share: no key, no counts
+            return self.flow.new_stream_cache(compact, dtype)  # nothing to share: no key, no counts
 
         def prime() -> FlowStreamCache:
             device = self.flow.speaker_proj.weight.device
             token, feat, speaker = (t.to(device)[None] for t in (prompt_token, prompt_feat, embedding))
             return self.flow.prime_stream(token, feat, speaker, whole=self.whole)
 
-        return self.primed(prompt_token, prompt_feat, embedding, prime).fork(compact)
+        return self.primed(prompt_token, prompt_feat, embedding, prime).fork(compact, dtype)

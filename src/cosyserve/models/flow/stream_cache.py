@@ -7,7 +7,9 @@ the last complete block and keeps, for those before it: the keys and values of e
 attention layer and the left context of every causal convolution, separately for the
 encoder and for each Euler step of the sampler (both CFG branches, as one batch). A
 compact cache keeps the estimator attention layers' inputs instead of their keys and
-values, a quarter of the memory, and recomputes those from them on every pass.
+values, a quarter of the memory, and recomputes those from them on every pass. The Euler
+steps' own positions may be held in a narrower dtype than the flow computes in (float16 on
+a float32 CPU plan: half the memory); every read converts them back.
 
 One :class:`FlowStreamCache` belongs to one segment of one request and is dropped when
 the segment ends; nothing here is stored on the shared modules.
@@ -53,13 +55,18 @@ class LayerStates:
     are recomputed from them on every pass (:meth:`KeyValueSource.keys_values`). In the
     estimator that holds 256 channels a position instead of 2 x 512, for one more GEMM
     over the history per layer and pass.
+
+    ``dtype``: what the own positions are held in (None: as computed); reads return them
+    in the dtype they were computed in.
     """
 
-    def __init__(self, capacity: int = 0, compact: bool = False) -> None:
+    def __init__(self, capacity: int = 0, compact: bool = False, dtype: torch.dtype | None = None) -> None:
         self.length = 0
         self.keep = 0
         self.capacity = capacity
         self.compact = compact
+        self.dtype = dtype
+        self._computed: torch.dtype | None = None  # the dtype stored states came in
         self.passes = 0
         self.shared = 0
         # Keyed by the module that owns the state, so each layer finds its own.
@@ -104,6 +111,10 @@ class LayerStates:
             keys, values = self.cached(layer)
             self.store(layer, k, v, inputs)
             return [*keys, k], [*values, v]
+        if self.dtype is not None and self.dtype != k.dtype:
+            keys, values = self.cached(layer)  # converted; the new positions as computed
+            self.store(layer, k, v, inputs)
+            return [*keys, k], [*values, v]
         self.store(layer, k, v, inputs)
         end = self.length + k.shape[2] - self.shared  # in the own buffers
         return (
@@ -116,6 +127,7 @@ class LayerStates:
         (a compact cache: their ``inputs`` ``(B, n, C)``)."""
         end = self.length + k.shape[2] - self.shared  # in the own buffers
         start = self.length - self.shared
+        self._computed = k.dtype
         if self.compact and inputs is not None:
             # Checked once per layer here, not on every read (:meth:`cached` runs once per
             # layer and pass: a runtime protocol check there cost a stream chunk ~1-2 ms).
@@ -134,9 +146,13 @@ class LayerStates:
         own = self.length - self.shared
         keys = self._pieces(self._shared_keys, self._keys, layer, own)
         values = self._pieces(self._shared_values, self._values, layer, own)
+        if self._computed is not None and self.dtype not in (None, self._computed):
+            keys = [t.to(self._computed) for t in keys]
+            values = [t.to(self._computed) for t in values]
         if layer in self._own_inputs and own > 0:  # compact: the own positions as inputs
             source = cast(KeyValueSource, layer)  # checked when its inputs were stored
-            k, v = source.keys_values(self._own_inputs[layer][:, 0, :own])
+            inputs = self._own_inputs[layer][:, 0, :own]
+            k, v = source.keys_values(inputs if self._computed is None else inputs.to(self._computed))
             keys.append(k)
             values.append(v)
         return keys, values
@@ -163,15 +179,16 @@ class LayerStates:
         the next pass: the ``width`` positions before the new ``length``."""
         self._next_context[conv] = padded[:, :, self.keep : self.keep + width].clone()
 
-    def fork(self, compact: bool | None = None) -> "LayerStates":
+    def fork(self, compact: bool | None = None, dtype: torch.dtype | None = None) -> "LayerStates":
         """Independent states continuing from these, sharing their cached positions without
         a copy: the fork reads them as its ``shared`` positions and writes its own into
         buffers of its own, and :meth:`left_pad` replaces a context, never mutates it. (A
         fork of a fork joins its shared and own positions into one tensor, recomputed
-        where these are compact.) ``compact``: the fork's own (default: as these)."""
+        where these are compact, converted where held narrower.) ``compact``: the fork's
+        own (default: as these); ``dtype``: what the fork holds its own in."""
         if self.keep:
             raise RuntimeError("cannot fork states in the middle of a pass")
-        fork = LayerStates(self.capacity, self.compact if compact is None else compact)
+        fork = LayerStates(self.capacity, self.compact if compact is None else compact, dtype)
         fork.length = fork.shared = self.length
         for layer in dict.fromkeys([*self._shared_keys, *self._keys, *self._own_inputs]):
             keys, values = self.cached(layer)
@@ -192,7 +209,10 @@ class LayerStates:
         ]
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors())
+        """Memory these states hold themselves: the shared positions are those of the states
+        they were forked from, and counted there."""
+        shared = {id(t) for t in (*self._shared_keys.values(), *self._shared_values.values())}
+        return sum(t.numel() * t.element_size() for t in self.tensors() if id(t) not in shared)
 
     @staticmethod
     def _pieces(
@@ -214,7 +234,8 @@ class LayerStates:
         # position is copied about twice over the stream's life.
         reserved = self.capacity - self.shared if self.passes else 0
         capacity = max(end, reserved, 3 * (0 if buffer is None else buffer.shape[2]) // 2)
-        grown = new.new_empty(new.shape[0], new.shape[1], capacity, new.shape[3])
+        shape = (new.shape[0], new.shape[1], capacity, new.shape[3])
+        grown = torch.empty(shape, dtype=self.dtype or new.dtype, device=new.device)
         if buffer is not None:
             grown[:, :, : buffer.shape[2]] = buffer
         buffers[layer] = grown
@@ -234,15 +255,17 @@ class FlowStreamCache:
     are final in every layer of every Euler step too. ``finished``: the stream ended and
     the cache was emptied. ``compact``: the Euler steps' states are compact (see
     :class:`LayerStates`); the encoder's, a few per cent of the whole, are not.
+    ``dtype``: what the Euler steps' own states are held in (None: as computed).
     """
 
-    def __init__(self, n_steps: int, compact: bool = False) -> None:
+    def __init__(self, n_steps: int, compact: bool = False, dtype: torch.dtype | None = None) -> None:
         self.tokens = 0
         self.finished = False
         self.compact = compact
+        self.dtype = dtype
         self.encoder_tokens = LayerStates()
         self.encoder_frames = LayerStates()
-        self.steps = [LayerStates(compact=compact) for _ in range(n_steps)]
+        self.steps = [LayerStates(compact=compact, dtype=dtype) for _ in range(n_steps)]
 
     def reserve(self, tokens: int, ratio: int) -> None:
         """From the second pass on, hold every buffer at the size of ``tokens`` tokens
@@ -269,25 +292,26 @@ class FlowStreamCache:
         if finalize:
             self.finished = True
             self.encoder_tokens, self.encoder_frames = LayerStates(), LayerStates()
-            self.steps = [LayerStates(compact=self.compact) for _ in self.steps]
+            self.steps = [LayerStates(compact=self.compact, dtype=self.dtype) for _ in self.steps]
             return
         for states in self._passes():
             states.finish()
         self.tokens = tokens
 
-    def fork(self, compact: bool | None = None) -> "FlowStreamCache":
+    def fork(self, compact: bool | None = None, dtype: torch.dtype | None = None) -> "FlowStreamCache":
         """A cache for another stream that continues from this one's cached positions (a
         voice's primed prompt, see :meth:`Flow.prime_stream`): the cached tensors are
         shared, not copied, and neither cache's later passes change what the other sees
-        (see :meth:`LayerStates.fork`). ``compact``: the fork's (default: as this one)."""
+        (see :meth:`LayerStates.fork`). ``compact``: the fork's (default: as this one);
+        ``dtype``: what the fork's Euler steps hold their own states in."""
         if self.finished:
             raise ValueError("cannot fork a finalized flow stream")
         compact = self.compact if compact is None else compact
-        fork = FlowStreamCache(len(self.steps), compact)
+        fork = FlowStreamCache(len(self.steps), compact, dtype)
         fork.tokens = self.tokens
         fork.encoder_tokens = self.encoder_tokens.fork()
         fork.encoder_frames = self.encoder_frames.fork()
-        fork.steps = [states.fork(compact) for states in self.steps]
+        fork.steps = [states.fork(compact, dtype) for states in self.steps]
         return fork
 
     def tensors(self) -> list[Tensor]:
@@ -295,7 +319,8 @@ class FlowStreamCache:
         return [t for states in self._passes() for t in states.tensors()]
 
     def nbytes(self) -> int:
-        """Memory held by the cache, in bytes (tensors shared with a fork count in both)."""
+        """Memory held by the cache, in bytes (the positions a fork shares with the cache it
+        was forked from are counted there only)."""
         return sum(states.nbytes() for states in self._passes())
 
     def _passes(self) -> list[LayerStates]:

@@ -1,0 +1,85 @@
+"""What float16 stream caches (the ``fast`` plan's ``flow_cache_fp16``, on CPUs whose flow
+computes in float32) change in a stream's audio, and the memory they save, on a model
+directory of either family:
+
+    OMP_NUM_THREADS=2 python benchmarks/stream_cache_fp16.py --model-dir DIR \\
+        [--prompt 75] [--tokens 150] [--json out.json]
+
+One streamed zero-shot request (a synthetic prompt of ``--prompt`` speech tokens,
+``--tokens`` forced speech tokens) runs through the engine of this machine's ``fast`` plan
+twice: its flow stream caches in float32, then in float16. Prints the largest and mean
+difference of the float16 run's samples from the float32 run's, its SNR against them, the
+most memory the stream's own flow caches held in each run (not the voice's primed prompt,
+which its streams share) and each run's wall time.
+"""
+
+import json
+import time
+
+import numpy as np
+from common import add_workload_args, model_dir_parser
+
+from cosyserve.accel.machine import Machine
+from cosyserve.accel.plan import Profile, choose_plan
+from cosyserve.bench.engine_runs import RequestResult, collect
+from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
+from cosyserve.engine.engine import Engine
+from cosyserve.engine.loader import LoadedModel, engine_config_for, load_model
+from cosyserve.engine.request import GenerationSpec
+
+
+def main() -> None:
+    parser = model_dir_parser(__doc__)
+    add_workload_args(parser)
+    args = parser.parse_args()
+    model = load_model(args.model_dir, choose_plan(Machine.detect(), Profile.FAST))
+    print(model.plan.describe(), flush=True)
+    voice = synthetic_voice(model.hparams, args.prompt / model.hparams.flow.input_frame_rate, seed=0)
+    text = synthetic_text_ids(model.hparams, args.tokens, seed=1)
+    spec = synthetic_spec("s", voice, text, tokens=args.tokens, seed=2, stream=True)
+    report: dict[str, dict[str, float]] = {}
+    audio = {}
+    for fp16 in (False, True):
+        name = "float16" if fp16 else "float32"
+        audio[name], report[name] = _run(model, spec, fp16)
+        print(f"{name}: {report[name]}", flush=True)
+    diff = audio["float16"] - audio["float32"]
+    noise = float(np.mean(diff**2))
+    report["difference"] = {
+        "max_abs": float(np.abs(diff).max()),
+        "mean_abs": float(np.abs(diff).mean()),
+        "snr_db": float(10 * np.log10(np.mean(audio["float32"] ** 2) / noise)) if noise else float("inf"),
+    }
+    print(f"float16 against float32: {report['difference']}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+def _run(model: LoadedModel, spec: GenerationSpec, fp16: bool) -> tuple[np.ndarray, dict[str, float]]:
+    """The request's samples, its wall seconds and the most its flow caches held (MiB)."""
+    engine = Engine(model.lm, model.flow, model.hift, engine_config_for(model, flow_cache_fp16=fp16))
+    held = 0
+    start = time.perf_counter()
+    engine.add(spec)
+    results: dict[str, RequestResult] = {}
+    while engine.has_work():
+        collect(engine.step(), results)
+        held = max(held, _cache_bytes(engine))
+    seconds = time.perf_counter() - start
+    return results["s"].audio, {"seconds": round(seconds, 2), "cache_mib": round(held / 2**20, 1)}
+
+
+def _cache_bytes(engine: Engine) -> int:
+    """What the running streams' own flow caches hold (either family's)."""
+    held = 0
+    for request in engine.scheduler.running:
+        for seg in request.segments:
+            if seg.flow_cache is not None:
+                held += seg.flow_cache.nbytes()
+            if seg.flow3 is not None:
+                held += sum(cache.nbytes() for cache in seg.flow3.caches)
+    return held
+
+
+if __name__ == "__main__":
+    main()
