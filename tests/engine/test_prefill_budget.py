@@ -4,6 +4,7 @@ from cosyserve.bench.engine_runs import RequestResult, collect, drain, make_engi
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.loader import LoadedModel
 from cosyserve.engine.request import Phase
+from tests.engine.helpers import assert_same
 
 
 def test_long_prefill_runs_in_chunks_while_others_decode(tiny_model: LoadedModel) -> None:
@@ -43,3 +44,23 @@ def test_long_prefill_runs_in_chunks_while_others_decode(tiny_model: LoadedModel
     alone = run_alone(tiny_model, [short])
     assert results["short"].error is None
     assert results["short"].tokens == alone["short"].tokens
+
+
+def test_with_nothing_decoding_prompts_go_in_whole_and_start_decoding_together(
+    tiny_model: LoadedModel,
+) -> None:
+    hp = tiny_model.hparams
+    voice = synthetic_voice(hp, 3.0, seed=3)  # 75 prompt speech tokens: several chunks of 16
+    specs = [
+        synthetic_spec(f"r{i}", voice, synthetic_text_ids(hp, 20, seed=i), tokens=20, seed=i)
+        for i in range(3)
+    ]
+    engine = make_engine(tiny_model, max_active=3, prefill_chunk=16)
+    for spec in specs:
+        engine.add(spec)
+    results: dict[str, RequestResult] = {}
+    collect(engine.step(), results)
+    assert [r.phase for r in engine.scheduler.running] == [Phase.DECODE] * 3
+    assert engine.stats.prefill_tokens > 3 * 75
+    drain(engine, results)
+    assert_same(results, run_alone(tiny_model, specs), [s.request_id for s in specs])

@@ -23,8 +23,9 @@ class EngineConfig:
     ``max_waiting``: requests queued beyond those; more are refused at admission
     (:mod:`cosyserve.engine.admission`, which holds both defaults).
     ``max_len``: LM positions per sequence (prompt + text + generated tokens).
-    ``prefill_chunk``: LM prefill positions per step, so a long prompt cannot stall
-    everyone's decode for long.
+    ``prefill_chunk``: LM prefill positions per step while requests decode, so a long
+    prompt cannot stall everyone's decode for long (with none decoding, prompts go in
+    whole).
     ``token2wav_batch``: ready token2wav chunks (flow + HiFT) run per step, as batches;
     first chunks go first, then arrival order.
     ``flow_cache``: streaming flow work per chunk: ``"exact"`` recomputes prompt + all

@@ -46,16 +46,23 @@ class Scheduler:
         return admitted
 
     def prefill_work(self) -> list[tuple[Request, int]]:
-        """(request, positions) to prefill this step, oldest first, within the step budget."""
-        budget = self.config.prefill_chunk
+        """(request, positions) to prefill this step, oldest first, within the step budget.
+
+        The budget keeps a long prompt from stalling running decodes; while nothing
+        decodes, every pending prompt goes in whole, so that requests arriving together
+        start decoding in the same step (their streams' chunks then fall due together and
+        can share flow passes)."""
+        budget: int | None = self.config.prefill_chunk if self.decode_batch() else None
         work = []
         for request in self.running:
             if budget == 0:
                 break
             if request.phase is Phase.PREFILL and request.prefill_input is not None:
-                n = min(budget, request.prefill_input.shape[0] - request.prefill_pos)
+                n = request.prefill_input.shape[0] - request.prefill_pos
+                if budget is not None:
+                    n = min(budget, n)
+                    budget -= n
                 work.append((request, n))
-                budget -= n
         return work
 
     def decode_batch(self) -> list[Request]:

@@ -25,6 +25,7 @@ from its voice's primed prompt frames, so its first chunk skips them, and reads 
 shared, so its cache holds its own frames only (docs/streaming.md, "Primed voice prompts").
 """
 
+import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -35,8 +36,10 @@ from torch import Tensor
 from cosyserve.engine.config import FLOW_CACHE_MODES, FlowCacheMode
 from cosyserve.engine.stats import EngineStats
 from cosyserve.engine.token2wav import ChunkWork, reserve_stream_cache, run_each, stream_tokens
-from cosyserve.models.dit import Flow3, Flow3PromptCache, Flow3Stream, stream_cache_bytes
+from cosyserve.models.dit import Flow3, Flow3PromptCache, Flow3Stream, push_streams, stream_cache_bytes
 from cosyserve.models.hift3 import CausalHiFTGenerator, CausalHiFTStream
+
+logger = logging.getLogger(__name__)
 
 # Four 6 s streams with 3 s prompts in float32 on the released model.
 DEFAULT_CACHE_BUDGET_MB = 6 * 1024
@@ -45,9 +48,11 @@ DEFAULT_CACHE_BUDGET_MB = 6 * 1024
 class Token2Wav3:
     """Runs the ready chunks of several requests through CosyVoice 3's flow and vocoder.
 
-    Each chunk runs on its own (the flow takes one utterance a call); a chunk's failure is
-    its own request's. A request's randomness (the vocoder's noise table) comes from its
-    own generator."""
+    Incremental chunks of streams in lockstep (equally many cached and new frames: streams
+    started together) go through the DiT in one pass (:func:`~cosyserve.models.dit.push_streams`);
+    every other chunk runs on its own. A failed joint pass is retried chunk by chunk, so a
+    chunk's failure is its own request's. A request's randomness (the vocoder's noise
+    table) comes from its own generator."""
 
     def __init__(
         self,
@@ -82,13 +87,15 @@ class Token2Wav3:
     def run(self, work: list[ChunkWork]) -> list[np.ndarray | Exception]:
         """Per chunk, the samples (float32, mono) it adds to its request's audio, or the
         error that failed it."""
-        return run_each(self._chunk, work)
+        joint = self._joint_mels(work)
+        return run_each(lambda i: self._chunk(work[i], joint.get(i)), range(len(work)))
 
-    def _chunk(self, item: ChunkWork) -> np.ndarray:
-        with self.stats.timed("flow"):
-            mel = self._mel(item)
-        self.stats.flow_calls += 1
-        self.stats.flow_rows += 1
+    def _chunk(self, item: ChunkWork, mel: Tensor | None) -> np.ndarray:
+        """``item``'s samples from its flow output ``mel``, computed alone when None."""
+        if mel is None:
+            with self.stats.timed("flow"):
+                mel = self._mel(item)
+            self._count_flow(1)
         with self.stats.timed("hift"):
             wave = self._wave(item, mel)
         self.stats.hift_calls += 1
@@ -97,31 +104,83 @@ class Token2Wav3:
         self.stats.audio_samples += int(audio.size)
         return audio
 
+    def _count_flow(self, rows: int) -> None:
+        self.stats.flow_calls += 1
+        self.stats.flow_rows += rows
+
     # -- flow ---------------------------------------------------------------------------------
 
+    def _joint_mels(self, work: list[ChunkWork]) -> dict[int, Tensor]:
+        """The mels of the chunks that pushed with others in one DiT pass, by index in
+        ``work``. A pass that fails leaves its chunks to run alone."""
+        groups: dict[tuple[int, int], list[tuple[int, Flow3Stream, Tensor, Tensor | None]]] = {}
+        for i, item in enumerate(work):
+            try:
+                stream = self._stream(item)
+            except torch.AcceleratorError:
+                raise
+            except Exception:
+                continue  # its own run fails it with the same error
+            if stream is None or (item.chunk.finalize and self.flow_cache != "incremental"):
+                continue
+            new, lookahead = self._push_tokens(item, stream)
+            end = (stream.prompt_token.shape[1] + stream.tokens.shape[1] + new.shape[1]) * self._ratio
+            key = (stream.cached_frames, end - stream.cached_frames)
+            groups.setdefault(key, []).append((i, stream, new, lookahead))
+        mels: dict[int, Tensor] = {}
+        for group in groups.values():
+            if len(group) < 2:
+                continue
+            indices, streams, news, lookaheads = zip(*group, strict=True)
+            try:
+                with self.stats.timed("flow"):
+                    pushed = push_streams(streams, news, lookaheads)
+            except torch.AcceleratorError:
+                raise
+            except Exception:
+                logger.warning("a joint flow pass of %d streams failed; running them alone", len(group))
+                continue
+            self._count_flow(len(group))
+            for i, mel in zip(indices, pushed, strict=True):
+                self._end_stream(work[i])
+                mels[i] = mel
+        return mels
+
     def _mel(self, item: ChunkWork) -> Tensor:
-        """The chunk's new mel frames (1, 80, T) float32."""
+        """The chunk's new mel frames (1, 80, T) float32, computed alone."""
+        spec, chunk = item.request.spec, item.chunk
+        stream = self._stream(item)
+        if stream is None:
+            device = self.flow.speaker_proj.weight.device
+            tokens = torch.tensor(item.seg.tokens[: chunk.token_end], dtype=torch.long, device=device)[None]
+            mel = self.flow.inference(
+                tokens,
+                spec.flow_prompt_tokens.to(device)[None],
+                spec.flow_prompt_mel.to(device)[None],
+                spec.embedding.to(device)[None],
+                streaming=spec.stream and not chunk.finalize,
+                finalize=chunk.finalize,
+            )
+            return mel[:, :, chunk.offset * self._ratio :]
+        self._end_stream(item)
+        new, lookahead = self._push_tokens(item, stream)
+        if chunk.finalize and self.flow_cache != "incremental":
+            return stream.finish(new)
+        return stream.push(new, lookahead)
+
+    def _stream(self, item: ChunkWork) -> Flow3Stream | None:
+        """``item``'s segment's incremental stream (made now for its first chunk), or None
+        when the chunk is recomputed over every token."""
         spec, seg, chunk = item.request.spec, item.seg, item.chunk
-        device = self.flow.speaker_proj.weight.device
-        tokens = torch.tensor(seg.tokens[: chunk.token_end], dtype=torch.long, device=device)[None]
         incremental = (
             spec.stream
             and self.flow_cache != "exact"
             and (seg.flow3 is not None or (not chunk.finalize and self._reserve(item)))
         )
         if not incremental:
-            streaming = spec.stream and not chunk.finalize
-            mel = self.flow.inference(
-                tokens,
-                spec.flow_prompt_tokens.to(device)[None],
-                spec.flow_prompt_mel.to(device)[None],
-                spec.embedding.to(device)[None],
-                streaming=streaming,
-                finalize=chunk.finalize,
-            )
-            return mel[:, :, chunk.offset * self.flow.cfg.token_mel_ratio :]
-        stream = seg.flow3
-        if stream is None:
+            return None
+        if seg.flow3 is None:
+            device = self.flow.speaker_proj.weight.device
             voice = (
                 spec.flow_prompt_tokens.to(device)[None],
                 spec.flow_prompt_mel.to(device)[None],
@@ -129,19 +188,32 @@ class Token2Wav3:
             )
             frames = self._stream_frames(item)
             if self.prompt_cache is None:
-                stream = Flow3Stream(self.flow, *voice, frames=frames, cache_dtype=self.cache_dtype)
+                seg.flow3 = Flow3Stream(self.flow, *voice, frames=frames, cache_dtype=self.cache_dtype)
             else:
-                stream = self.prompt_cache.stream(*voice, frames=frames)
-            seg.flow3 = stream
+                seg.flow3 = self.prompt_cache.stream(*voice, frames=frames)
+        return seg.flow3
+
+    def _push_tokens(self, item: ChunkWork, stream: Flow3Stream) -> tuple[Tensor, Tensor | None]:
+        """The chunk's tokens after those ``stream`` has, and their look-ahead (None for
+        the last chunk)."""
+        device = self.flow.speaker_proj.weight.device
+        tokens = torch.tensor(item.seg.tokens[: item.chunk.token_end], dtype=torch.long, device=device)[None]
         done = stream.tokens.shape[1]
-        if not chunk.finalize:
-            split = chunk.token_end - self._lookahead
-            return stream.push(tokens[:, done:split], tokens[:, split:])
-        seg.flow3 = None  # the last chunk: its caches go with it
-        seg.flow_reserved = 0
-        if self.flow_cache == "incremental":
-            return stream.push(tokens[:, done:], None)
-        return stream.finish(tokens[:, done:])
+        if item.chunk.finalize:
+            return tokens[:, done:], None
+        split = item.chunk.token_end - self._lookahead
+        return tokens[:, done:split], tokens[:, split:]
+
+    @staticmethod
+    def _end_stream(item: ChunkWork) -> None:
+        """After the last chunk, the segment's stream and its caches go."""
+        if item.chunk.finalize:
+            item.seg.flow3 = None
+            item.seg.flow_reserved = 0
+
+    @property
+    def _ratio(self) -> int:
+        return self.flow.cfg.token_mel_ratio
 
     def _reserve(self, item: ChunkWork) -> bool:
         """Whether ``item``'s stream gets a cache: it fits the budget beside the others'
@@ -155,7 +227,7 @@ class Token2Wav3:
 
     def _stream_frames(self, item: ChunkWork) -> int:
         """The most mel frames ``item``'s stream can reach: its prompt's and its longest output's."""
-        return stream_tokens(item) * self.flow.cfg.token_mel_ratio
+        return stream_tokens(item) * self._ratio
 
     def _primed_frames(self, item: ChunkWork) -> int:
         """The frames ``item``'s stream reads from its voice's primed prompt."""

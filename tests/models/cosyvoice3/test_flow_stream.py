@@ -4,7 +4,7 @@ committed flow fixtures) and against our own whole-prefix inference."""
 import pytest
 import torch
 
-from cosyserve.models.dit import Flow3Stream
+from cosyserve.models.dit import Flow3Stream, push_streams
 from tests.models.cosyvoice3.make_flow_fixtures import FULL_CASE, LOOKAHEAD, TINY_CASE, Geometry, stream_calls
 from tests.models.cosyvoice3.test_flow_parity import TOLERANCE, fixture, flow, max_abs_diff
 
@@ -85,3 +85,61 @@ def test_unaligned_pushes_match_whole_prefix_inference() -> None:
 def test_full_geometry_stream_matches_upstream() -> None:
     check_stream_matches_upstream(FULL_CASE, causal_finish=False)
     check_stream_matches_upstream(FULL_CASE, causal_finish=True)
+
+
+def _streams(
+    case: Geometry, count: int, cache_dtype: torch.dtype | None = None
+) -> tuple[list[Flow3Stream], torch.Tensor]:
+    """``count`` streams of one prompt length (other voices: shifted prompt tokens, mel and
+    speaker), and their tokens ``(count, N)``."""
+    x = fixture(case)["inputs"]
+    model = flow(case)
+    streams = []
+    for b in range(count):
+        prompt_token = (x["prompt_token"] + 7 * b) % case.hp.flow.vocab_size
+        voice = (prompt_token, x["prompt_feat"] + 0.1 * b, x["embedding"].roll(b, dims=1))
+        streams.append(Flow3Stream(model, *voice, cache_dtype=cache_dtype))
+    tokens = torch.stack([(x["token"][0] + 11 * b) % case.hp.flow.vocab_size for b in range(count)])
+    return streams, tokens
+
+
+@pytest.mark.parametrize("cache_dtype", [None, torch.float16])
+def test_streams_pushed_together_equal_each_pushed_alone(cache_dtype: torch.dtype | None) -> None:
+    together, tokens = _streams(TINY_CASE, 3, cache_dtype)
+    alone, _ = _streams(TINY_CASE, 3, cache_dtype)
+    done = 0
+    # A short first push, then whole chunks, then the last.
+    for stop, last in ((5, False), (30, False), (55, False), (80, False), (tokens.shape[1], True)):
+        news = [tokens[b : b + 1, done:stop] for b in range(3)]
+        lookaheads = [None if last else tokens[b : b + 1, stop : stop + LOOKAHEAD] for b in range(3)]
+        got = push_streams(together, news, lookaheads)
+        for b in range(3):
+            want = alone[b].push(news[b], lookaheads[b])
+            assert got[b].shape == want.shape
+            assert max_abs_diff(got[b], want) <= 1e-5, (stop, b)
+            assert together[b].cached_frames == alone[b].cached_frames
+        done = stop
+    assert all(s.finished for s in together)
+
+
+def test_pushes_out_of_lockstep_are_refused_and_a_failed_pass_changes_no_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    streams, tokens = _streams(TINY_CASE, 2)
+    with pytest.raises(ValueError, match="equally many new frames"):
+        push_streams(streams, [tokens[:1, :5], tokens[1:, :6]], [tokens[:1, 5:8], tokens[1:, 6:9]])
+    news, lookaheads = [tokens[:1, :30], tokens[1:, :30]], [tokens[:1, 30:33], tokens[1:, 30:33]]
+    model = flow(TINY_CASE)
+
+    def broken(*args: object) -> torch.Tensor:
+        raise RuntimeError("injected")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(model.cfm.estimator, "forward", broken)
+        with pytest.raises(RuntimeError, match="injected"):
+            push_streams(streams, news, lookaheads)
+    assert all(s.cached_frames == 0 and s.tokens.shape[1] == 0 for s in streams)
+    again = push_streams(streams, news, lookaheads)
+    fresh, _ = _streams(TINY_CASE, 2)
+    for b in range(2):
+        assert max_abs_diff(again[b], fresh[b].push(news[b], lookaheads[b])) <= 1e-5

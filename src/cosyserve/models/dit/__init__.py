@@ -2,7 +2,13 @@
 
 from cosyserve.models.dit.flow3 import Flow3, check_flow3_config, flow3_checkpoint_table
 from cosyserve.models.dit.prompt_cache import Flow3PromptCache
-from cosyserve.models.dit.stream import Flow3Stream, prime_prompt, primed_prompt_frames, stream_cache_bytes
+from cosyserve.models.dit.stream import (
+    Flow3Stream,
+    prime_prompt,
+    primed_prompt_frames,
+    push_streams,
+    stream_cache_bytes,
+)
 
 __all__ = [
     "Flow3",
@@ -12,5 +18,6 @@ __all__ = [
     "flow3_checkpoint_table",
     "prime_prompt",
     "primed_prompt_frames",
+    "push_streams",
     "stream_cache_bytes",
 ]

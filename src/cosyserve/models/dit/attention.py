@@ -5,7 +5,7 @@ q/k/v/out projections, rotary position on the first head only (see
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cosyserve.models.dit.cache import StepCache
+from cosyserve.models.dit.cache import FrameCache
 from cosyserve.models.dit.rotary import rotate_first_head
 
 
@@ -23,7 +23,7 @@ class DiTAttention(nn.Module):
         self.v = nn.Linear(dim, inner)
         self.out = nn.Linear(inner, dim)
 
-    def forward(self, x: Tensor, angles: Tensor, mask: Tensor | None, cache: StepCache | None) -> Tensor:
+    def forward(self, x: Tensor, angles: Tensor, mask: Tensor | None, cache: FrameCache | None) -> Tensor:
         """``x``: ``(B, T, dim)``; ``angles``: ``(T, head_dim)`` rotary angles of the frames'
         absolute positions; ``mask``: ``(T, K)`` bool (True = may attend) or None for all
         keys; ``cache``: keys/values of the ``K - T`` frames before these, or None.

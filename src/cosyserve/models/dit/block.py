@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cosyserve.models.dit.attention import DiTAttention
-from cosyserve.models.dit.cache import StepCache
+from cosyserve.models.dit.cache import FrameCache
 from cosyserve.models.dit.modulation import BlockModulation, modulate
 
 
@@ -18,7 +18,7 @@ class DiTBlock(nn.Module):
         self.ff_out = nn.Linear(dim * ff_mult, dim)
 
     def forward(
-        self, x: Tensor, time: Tensor, angles: Tensor, mask: Tensor | None, cache: StepCache | None
+        self, x: Tensor, time: Tensor, angles: Tensor, mask: Tensor | None, cache: FrameCache | None
     ) -> Tensor:
         """``x``: ``(B, T, D)``; ``time``: ``(B, D)``; ``angles``, ``mask``, ``cache``: as for
         :class:`DiTAttention`. Returns ``(B, T, D)``."""

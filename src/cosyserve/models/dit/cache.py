@@ -23,10 +23,24 @@ float32 CPU plan: half the memory, so twice the cached streams); attention then 
 cached frames converted back, the new frames as computed.
 """
 
+from typing import Protocol
+
 import torch
 from torch import Tensor
 
 MIN_CAPACITY = 256  # frames
+
+
+class FrameCache(Protocol):
+    """What the DiT reads and writes of the frames before a call's: one stream's
+    :class:`StepCache`, or several streams' as one
+    (:class:`~cosyserve.models.dit.stacked.StackedStepCache`)."""
+
+    length: int
+
+    def attend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def left_pad(self, name: str, x: Tensor, width: int) -> Tensor: ...
 
 
 class StepCache:

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from cosyserve.errors import ModelDirError
 from cosyserve.modeldir.hparams3 import DiTConfig
 from cosyserve.models.dit.block import DiTBlock
-from cosyserve.models.dit.cache import StepCache
+from cosyserve.models.dit.cache import FrameCache
 from cosyserve.models.dit.embed import POS_GROUPS, InputEmbedding, TimeEmbedding
 from cosyserve.models.dit.modulation import FinalModulation
 from cosyserve.models.dit.rotary import Rotary
@@ -60,7 +60,7 @@ class DiT(nn.Module):
         spks: Tensor,
         t: Tensor,
         streaming: bool,
-        cache: StepCache | None = None,
+        cache: FrameCache | None = None,
     ) -> Tensor:
         """``x``, ``mu``, ``cond``: ``(B, 80, T)``; ``spks``: ``(B, 80)``; ``t``: ``(B,)``.
         ``cache`` (streaming only): the frames before these, whose keys/values the new

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cosyserve.models.dit.cache import StepCache
+from cosyserve.models.dit.cache import FrameCache
 
 TIME_FEATURES = 256
 TIME_SCALE = 1000.0
@@ -50,7 +50,7 @@ class InputEmbedding(nn.Module):
         self.pos_conv1 = nn.Conv1d(dim, dim, POS_KERNEL, groups=POS_GROUPS)
         self.pos_conv2 = nn.Conv1d(dim, dim, POS_KERNEL, groups=POS_GROUPS)
 
-    def forward(self, x: Tensor, cond: Tensor, mu: Tensor, spks: Tensor, cache: StepCache | None) -> Tensor:
+    def forward(self, x: Tensor, cond: Tensor, mu: Tensor, spks: Tensor, cache: FrameCache | None) -> Tensor:
         """``x``, ``cond``: ``(B, T, mel_dim)``; ``mu``: ``(B, T, mu_dim)``; ``spks``:
         ``(B, spk_dim)``; ``cache``: the frames before these (their convolution inputs), or
         None at the start. Returns ``(B, T, dim)``."""
@@ -61,7 +61,7 @@ class InputEmbedding(nn.Module):
         return pos.transpose(1, 2) + h
 
     @staticmethod
-    def _causal(conv: nn.Conv1d, name: str, x: Tensor, cache: StepCache | None) -> Tensor:
+    def _causal(conv: nn.Conv1d, name: str, x: Tensor, cache: FrameCache | None) -> Tensor:
         """``Mish(conv(x))`` over ``x`` ``(B, D, T)`` left-padded by ``kernel - 1`` cached
         inputs (zeros at the start)."""
         width = conv.kernel_size[0] - 1

@@ -21,12 +21,26 @@ primed caches instead of holding a copy.
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from cosyserve.models.dit.cache import StepCache
 from cosyserve.models.dit.flow3 import Flow3
+from cosyserve.models.dit.stacked import StackedStepCache
+
+
+@dataclass(frozen=True, eq=False)
+class PendingPush:
+    """A push's DiT inputs: ``mu``, ``cond`` ``(1, 80, T)`` of the frames after the cached
+    ones; the stream's generated ``tokens`` ``(1, N)`` once pushed; ``final``: no
+    look-ahead, the stream ends."""
+
+    mu: Tensor
+    cond: Tensor
+    tokens: Tensor
+    final: bool
 
 
 class Flow3Stream:
@@ -84,6 +98,13 @@ class Flow3Stream:
         pre_lookahead_len)`` (the next tokens), or to zeros when None (the utterance ends
         here, chunk-causal to the last frame). Returns the new mel ``(1, 80, T)`` float32:
         the frames after those returned before, up to the end of ``tokens``."""
+        pending = self.prepare(tokens, lookahead)
+        # (1, 80, end - start): the frames after the cached ones.
+        mel: Tensor = self.flow.cfm(pending.mu, self.spks, pending.cond, True, self.caches)
+        return self.advance(pending, mel)
+
+    def prepare(self, tokens: Tensor, lookahead: Tensor | None) -> "PendingPush":
+        """:meth:`push`'s DiT inputs; :meth:`advance` takes the DiT's output."""
         if self.finished:
             raise RuntimeError("the stream is finished")
         if lookahead is not None and lookahead.shape[1] != self.flow.cfg.pre_lookahead_len:
@@ -94,9 +115,14 @@ class Flow3Stream:
         mu = self.flow.token_features(torch.cat([self.prompt_token, generated], dim=1), lookahead)
         end, start = mu.shape[2], self.cached_frames
         cond = self.flow.conditions(self.prompt_feat, end)[:, :, start:]
-        # (1, 80, end - start): the frames after the cached ones.
-        mel: Tensor = self.flow.cfm(mu[:, :, start:], self.spks, cond, True, self.caches)
-        if lookahead is None:
+        return PendingPush(mu[:, :, start:], cond, generated, lookahead is None)
+
+    def advance(self, pending: "PendingPush", mel: Tensor) -> Tensor:
+        """Commit the frames of ``pending``'s push whose chunks are complete, given the DiT's
+        ``mel`` ``(1, 80, T)`` of its frames; returns those not returned before."""
+        start = self.cached_frames
+        end = start + mel.shape[2]
+        if pending.final:
             self.finished = True
             committed = 0
         else:
@@ -105,7 +131,7 @@ class Flow3Stream:
         for cache in self.caches:
             cache.commit(committed)
         new = mel[:, :, self.returned - start :]
-        self.tokens, self.returned = generated, end
+        self.tokens, self.returned = pending.tokens, end
         return new
 
     @torch.inference_mode()
@@ -125,6 +151,27 @@ class Flow3Stream:
         start = self.returned - self.prompt_feat.shape[1]
         self.returned = self.prompt_feat.shape[1] + mel.shape[2]
         return mel[:, :, start:]
+
+
+@torch.inference_mode()
+def push_streams(
+    streams: Sequence[Flow3Stream], tokens: Sequence[Tensor], lookaheads: Sequence[Tensor | None]
+) -> list[Tensor]:
+    """Each stream's :meth:`Flow3Stream.push` of its ``tokens`` and ``lookaheads``, from one
+    DiT pass over them all (:mod:`cosyserve.models.dit.stacked`): the same output up to
+    float rounding. The streams must be of one flow and in lockstep: equally many cached
+    frames, equally many new ones. If the pass fails no stream has changed."""
+    if not streams or not len(streams) == len(tokens) == len(lookaheads):
+        raise ValueError(f"{len(tokens)} pushes for {len(streams)} streams")
+    flow = streams[0].flow
+    pending = [s.prepare(t, a) for s, t, a in zip(streams, tokens, lookaheads, strict=True)]
+    if any(s.flow is not flow for s in streams) or len({p.mu.shape[2] for p in pending}) != 1:
+        raise ValueError("batched pushes need streams of one flow with equally many new frames")
+    caches = [StackedStepCache([s.caches[i] for s in streams]) for i in range(len(streams[0].caches))]
+    mu, cond = torch.cat([p.mu for p in pending]), torch.cat([p.cond for p in pending])
+    spks = torch.cat([s.spks for s in streams])
+    mel: Tensor = flow.cfm(mu, spks, cond, True, caches)  # (S, 80, T)
+    return [s.advance(p, mel[b : b + 1]) for b, (s, p) in enumerate(zip(streams, pending, strict=True))]
 
 
 def primed_prompt_frames(flow: Flow3, prompt_tokens: int, prompt_frames: int, whole: bool = False) -> int:
