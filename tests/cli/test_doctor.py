@@ -178,10 +178,11 @@ def test_the_plan_heads_the_report_and_sets_the_intent(good: Facts) -> None:
 def test_a_cosyvoice3_directory_shows_the_plan_its_flow_runs(
     tiny3_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """As loading narrows it: CosyVoice 2's flow variants are off for the DiT."""
+    """As loading narrows it: CosyVoice 2's traced steps are off for the DiT, its fp16
+    weights stay."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     args = ["doctor", "--model-dir", str(tiny3_model_dir), "--port", "0", "--grpc-port", "0"]
     args += ["--flow-quantize", "fp16"]
     result = CliRunner().invoke(app, args)
     plan = next(line for line in result.stdout.splitlines() if line.split()[1:2] == ["plan"])
-    assert "flow_quantize=none" in plan and "traced_flow=off" in plan, result.stdout
+    assert "flow_quantize=fp16" in plan and "traced_flow=off" in plan, result.stdout

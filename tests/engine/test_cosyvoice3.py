@@ -7,10 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from cosyserve.accel.machine import Machine
 from cosyserve.accel.plan import Choices, choose_plan
 from cosyserve.accel.precision_choices import FlowQuantization, Profile
+from cosyserve.accel.quantize import Fp16WeightLinear
 from cosyserve.bench.engine_runs import make_engine, mixed_specs, run_alone, run_together, voices
 from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids
 from cosyserve.engine import token2wav3
@@ -103,14 +105,26 @@ def test_non_streaming_audio_is_the_flow_and_vocoder_of_the_tokens(model3: Loade
 
 
 def test_the_plan_shows_what_a_cosyvoice3_flow_runs(tiny3_model_dir: Path) -> None:
-    """CosyVoice 2's flow variants do not exist for the DiT: a fast plan that picks them
-    for this machine reads, once the model is known, as what actually runs."""
+    """CosyVoice 2's traced steps and packed layers do not exist for the DiT: a fast plan
+    that picks them for this machine reads, once the model is known, as what actually
+    runs. fp16 weights do: every DiT Linear, within docs/precision.md's tolerance."""
     plan = choose_plan(Machine.detect(), Profile.FAST, Choices(flow_quantize=FlowQuantization.FP16))
     model = load_model(tiny3_model_dir, plan)
-    assert model.plan.precision.flow_quantize is FlowQuantization.NONE
     assert not (model.plan.traced_flow or model.plan.packed_bf16)
     assert model.plan.precision.quantize is plan.precision.quantize  # the LM's choices stay
-    assert "with fp16 weights" not in model.plan.precision.describe()
+    assert model.plan.precision.flow_quantize is FlowQuantization.FP16
+    assert "with fp16 weights" in model.plan.precision.describe()
+    assert isinstance(model.flow, Flow3)
+    linears = [m for m in model.flow.cfm.estimator.modules() if isinstance(m, nn.Linear | Fp16WeightLinear)]
+    assert linears and all(isinstance(m, Fp16WeightLinear) for m in linears)
+    exact = load_model(tiny3_model_dir)
+    assert isinstance(exact.flow, Flow3)
+    gen = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, exact.flow.cfg.vocab_size, (1, 60), generator=gen)
+    prompt = (tokens[:, :10], torch.randn(1, 20, 80, generator=gen), torch.randn(1, 192, generator=gen))
+    want = exact.flow.inference(tokens[:, 10:], *prompt, False, True)
+    got = model.flow.inference(tokens[:, 10:], *prompt, False, True)
+    assert 0 < float((got - want).abs().max()) <= 0.01
 
 
 def test_long_silences_are_cut_for_the_flow_as_upstream(model3: LoadedModel) -> None:

@@ -98,13 +98,12 @@ class Plan:
         return f"profile {self.profile} ({self.basis}): {shown}"
 
     def for_cosyvoice3(self) -> "Plan":
-        """This plan for a CosyVoice 3 model: the LM's choices, the streaming schedule and
-        primed voice prompts (whole ones too, where the plan asks) stay; CosyVoice 2's flow
-        variants (fp16 weights, packed bf16 layers, traced steps) do not exist for the DiT
-        flow and are off."""
+        """This plan for a CosyVoice 3 model: the LM's choices, the flow's fp16 weights,
+        the streaming schedule and primed voice prompts (whole ones too, where the plan
+        asks) stay; CosyVoice 2's packed bf16 layers and traced steps do not exist for the
+        DiT flow and are off."""
         return replace(
             self,
-            precision=replace(self.precision, flow_quantize=FlowQuantization.NONE),
             packed_bf16=False,
             fused_bf16_attention=False,
             traced_flow=False,

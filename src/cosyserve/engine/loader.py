@@ -189,6 +189,8 @@ def _load_flow3(model_dir: ModelDir, hp: Model3HParams, plan: Plan) -> tuple[Flo
     flow = _load_on_meta(
         partial(Flow3, hp.flow), model_dir.flow, table, precision.flow_dtype, precision.torch_device
     )
+    if precision.flow_quantize is FlowQuantization.FP16:
+        fp16_weights_(flow.cfm.estimator)
     hift = CausalHiFTGenerator(hp.hift)
     load_checkpoint(hift, model_dir.hift, causal_hift_checkpoint_table(hp.hift))
     hift.to(precision.torch_device)
