@@ -152,9 +152,8 @@ class Token2Wav3:
         stream = self._stream(item)
         if stream is None:
             device = self.flow.speaker_proj.weight.device
-            tokens = torch.tensor(item.seg.tokens[: chunk.token_end], dtype=torch.long, device=device)[None]
             mel = self.flow.inference(
-                tokens,
+                self._tokens(item),
                 spec.flow_prompt_tokens.to(device)[None],
                 spec.flow_prompt_mel.to(device)[None],
                 spec.embedding.to(device)[None],
@@ -196,13 +195,17 @@ class Token2Wav3:
     def _push_tokens(self, item: ChunkWork, stream: Flow3Stream) -> tuple[Tensor, Tensor | None]:
         """The chunk's tokens after those ``stream`` has, and their look-ahead (None for
         the last chunk)."""
-        device = self.flow.speaker_proj.weight.device
-        tokens = torch.tensor(item.seg.tokens[: item.chunk.token_end], dtype=torch.long, device=device)[None]
+        tokens = self._tokens(item)
         done = stream.tokens.shape[1]
         if item.chunk.finalize:
             return tokens[:, done:], None
         split = item.chunk.token_end - self._lookahead
         return tokens[:, done:split], tokens[:, split:]
+
+    def _tokens(self, item: ChunkWork) -> Tensor:
+        """The segment's tokens up to the chunk's end (look-ahead included), ``(1, N)``."""
+        device = self.flow.speaker_proj.weight.device
+        return torch.tensor(item.seg.tokens[: item.chunk.token_end], dtype=torch.long, device=device)[None]
 
     @staticmethod
     def _end_stream(item: ChunkWork) -> None:

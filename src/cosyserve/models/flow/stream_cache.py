@@ -107,12 +107,10 @@ class LayerStates:
         """:meth:`attend`'s keys and values as the pieces they are held in, in position
         order (the shared positions, then the own ones), for a caller that copies them
         into a batch anyway."""
-        if self.compact and inputs is not None:
+        # Compact or narrower states are not what attention reads: the cached positions
+        # are recomputed or converted, the new ones used as computed.
+        if (self.compact and inputs is not None) or self.dtype not in (None, k.dtype):
             keys, values = self.cached(layer)
-            self.store(layer, k, v, inputs)
-            return [*keys, k], [*values, v]
-        if self.dtype is not None and self.dtype != k.dtype:
-            keys, values = self.cached(layer)  # converted; the new positions as computed
             self.store(layer, k, v, inputs)
             return [*keys, k], [*values, v]
         self.store(layer, k, v, inputs)
