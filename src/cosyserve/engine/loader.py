@@ -22,7 +22,7 @@ from cosyserve.accel.quantize import fp16_weights_, quantize_lm_
 from cosyserve.engine.config import EngineConfig
 from cosyserve.frontend.features import PromptFeatureExtractor
 from cosyserve.frontend.text_tokenizer import TextTokenizer
-from cosyserve.memory import prefetch
+from cosyserve.memory import PageReleaser, prefetch
 from cosyserve.modeldir.family import Family
 from cosyserve.modeldir.hparams import ModelHParams
 from cosyserve.modeldir.hparams3 import Model3HParams
@@ -189,6 +189,10 @@ def _load_flow3(model_dir: ModelDir, hp: Model3HParams, plan: Plan) -> tuple[Flo
     flow = _load_on_meta(
         partial(Flow3, hp.flow), model_dir.flow, table, precision.flow_dtype, precision.torch_device
     )
+    # The Euler steps come at fixed times: their time conditioning is computed once, from
+    # the checkpoint's weights, and the layers that make it are dropped.
+    flow.cfm.fix_time_conditioning(precision.flow_dtype)
+    PageReleaser()(flow.cfm.estimator.release_time_layers())
     if precision.flow_quantize is FlowQuantization.FP16:
         fp16_weights_(flow.cfm.estimator)
     hift = CausalHiFTGenerator(hp.hift)

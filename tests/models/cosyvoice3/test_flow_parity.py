@@ -32,8 +32,14 @@ def fixture(case: Geometry) -> dict[str, Any]:
 
 
 @cache
-def flow(case: Geometry) -> Flow3:
-    return our_flow(case.hp.flow)
+def flow(case: Geometry, fixed_time: bool = False) -> Flow3:
+    """Our flow; ``fixed_time``: as the loader leaves it, its sampler's time conditioning
+    computed once and the DiT's time layers released."""
+    model = our_flow(case.hp.flow)
+    if fixed_time:
+        model.cfm.fix_time_conditioning(torch.float32)
+        model.cfm.estimator.release_time_layers()
+    return model
 
 
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -52,9 +58,9 @@ def check_table(case: Geometry) -> None:
     assert [(c, tuple(own[m].shape)) for c, m in table.entries] == expected
 
 
-def check_non_streaming(case: Geometry) -> None:
+def check_non_streaming(case: Geometry, fixed_time: bool = False) -> None:
     x, data = fixture(case)["inputs"], fixture(case)
-    model = flow(case)
+    model = flow(case, fixed_time)
     got = model.inference(x["token"], x["prompt_token"], x["prompt_feat"], x["embedding"], False, True)
     assert got.dtype == torch.float32
     assert float(data["mel_prompt"].std()) > 0.1  # random weights still give a non-trivial mel
@@ -66,9 +72,9 @@ def check_non_streaming(case: Geometry) -> None:
     assert diff <= TOLERANCE, f"without prompt: max abs diff {diff:.3g}"
 
 
-def check_streaming(case: Geometry) -> None:
+def check_streaming(case: Geometry, fixed_time: bool = False) -> None:
     x, data = fixture(case)["inputs"], fixture(case)
-    model, ratio = flow(case), case.hp.flow.token_mel_ratio
+    model, ratio = flow(case, fixed_time), case.hp.flow.token_mel_ratio
     calls = stream_calls(case.prompt_tokens, case.tokens)
     assert len(calls) == len(data["stream_chunks"])
     for call, expected in zip(calls, data["stream_chunks"], strict=True):
@@ -109,12 +115,25 @@ def test_checkpoint_round_trip_through_the_table(tmp_path: Path) -> None:
         assert torch.equal(value, expected[key]), key
 
 
-def test_non_streaming_mel_matches_upstream() -> None:
-    check_non_streaming(TINY_CASE)
+@pytest.mark.parametrize("fixed_time", [False, True])
+def test_non_streaming_mel_matches_upstream(fixed_time: bool) -> None:
+    check_non_streaming(TINY_CASE, fixed_time)
 
 
-def test_streaming_chunks_match_upstream() -> None:
-    check_streaming(TINY_CASE)
+@pytest.mark.parametrize("fixed_time", [False, True])
+def test_streaming_chunks_match_upstream(fixed_time: bool) -> None:
+    check_streaming(TINY_CASE, fixed_time)
+
+
+def test_released_time_layers_refuse_to_run_without_the_fixed_conditioning() -> None:
+    x = fixture(TINY_CASE)["inputs"]
+    model = our_flow(TINY_CASE.hp.flow)
+    model.cfm.fix_time_conditioning(torch.float32)
+    model.cfm.estimator.release_time_layers()
+    with pytest.raises(RuntimeError, match="time layers were released"):
+        model.double().inference(  # no conditioning fixed for float64
+            x["token"], x["prompt_token"], x["prompt_feat"], x["embedding"], False, True
+        )
 
 
 @pytest.mark.slow
@@ -123,6 +142,7 @@ def test_full_table_matches_upstream_state_dict() -> None:
 
 
 @pytest.mark.slow
-def test_full_geometry_matches_upstream() -> None:
-    check_non_streaming(FULL_CASE)
-    check_streaming(FULL_CASE)
+@pytest.mark.parametrize("fixed_time", [False, True])
+def test_full_geometry_matches_upstream(fixed_time: bool) -> None:
+    check_non_streaming(FULL_CASE, fixed_time)
+    check_streaming(FULL_CASE, fixed_time)

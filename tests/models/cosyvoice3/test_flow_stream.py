@@ -11,10 +11,10 @@ from tests.models.cosyvoice3.test_flow_parity import TOLERANCE, fixture, flow, m
 pytestmark = pytest.mark.parity
 
 
-def check_stream_matches_upstream(case: Geometry, causal_finish: bool) -> None:
+def check_stream_matches_upstream(case: Geometry, causal_finish: bool, fixed_time: bool = False) -> None:
     data = fixture(case)
     x = data["inputs"]
-    model, chunk = flow(case), case.hp.flow.dit.static_chunk_size
+    model, chunk = flow(case, fixed_time), case.hp.flow.dit.static_chunk_size
     stream = Flow3Stream(model, x["prompt_token"], x["prompt_feat"], x["embedding"])
     calls = stream_calls(case.prompt_tokens, case.tokens)
     done = 0  # tokens pushed (without look-ahead)
@@ -50,12 +50,14 @@ def test_only_the_frames_of_tokens_without_real_lookahead_change() -> None:
     assert changed == list(range(80 - 2 * LOOKAHEAD, 80))
 
 
-def test_stream_matches_upstream_chunks() -> None:
-    check_stream_matches_upstream(TINY_CASE, causal_finish=False)
+@pytest.mark.parametrize("fixed_time", [False, True])
+def test_stream_matches_upstream_chunks(fixed_time: bool) -> None:
+    check_stream_matches_upstream(TINY_CASE, causal_finish=False, fixed_time=fixed_time)
 
 
-def test_stream_with_chunk_causal_finish_matches_upstream() -> None:
-    check_stream_matches_upstream(TINY_CASE, causal_finish=True)
+@pytest.mark.parametrize("fixed_time", [False, True])
+def test_stream_with_chunk_causal_finish_matches_upstream(fixed_time: bool) -> None:
+    check_stream_matches_upstream(TINY_CASE, causal_finish=True, fixed_time=fixed_time)
 
 
 def test_unaligned_pushes_match_whole_prefix_inference() -> None:
@@ -83,7 +85,7 @@ def test_unaligned_pushes_match_whole_prefix_inference() -> None:
 
 @pytest.mark.slow
 def test_full_geometry_stream_matches_upstream() -> None:
-    check_stream_matches_upstream(FULL_CASE, causal_finish=False)
+    check_stream_matches_upstream(FULL_CASE, causal_finish=False, fixed_time=True)
     check_stream_matches_upstream(FULL_CASE, causal_finish=True)
 
 

@@ -4,7 +4,12 @@ classifier-free guidance ``v = (1 + r) v_cond - r v_uncond`` (the unconditional 
 ``mu``, ``spks`` and ``cond`` zeroed).
 
 Frame ``i`` always starts from noise column ``i`` (:func:`~cosyserve.models.flow.cfm.fixed_noise`),
-so a stream may compute only the frames after those it has cached."""
+so a stream may compute only the frames after those it has cached.
+
+The Euler steps come at the same times in every call, so what the DiT's layers take from
+the time embedding may be computed once (:meth:`DiTCFM.fix_time_conditioning`): each pass
+is then spared the modulation GEMMs, which read six ``D x D`` weights per layer for the two
+rows they make, the main cost of a short streamed chunk after its frames' own GEMMs."""
 
 from collections.abc import Sequence
 
@@ -15,6 +20,7 @@ from cosyserve.errors import InvalidRequestError
 from cosyserve.modeldir.hparams import CFMConfig
 from cosyserve.models.dit.cache import FrameCache
 from cosyserve.models.dit.dit import DiT
+from cosyserve.models.dit.modulation import TimeConditioning
 from cosyserve.models.flow.cfm import fixed_noise, time_schedule
 
 
@@ -29,6 +35,18 @@ class DiTCFM(nn.Module):
         self.estimator = estimator
         # Not persistent: flow.pt does not carry it.
         self.register_buffer("noise", fixed_noise(channels), persistent=False)
+        # Per Euler step, the estimator's time conditioning (set by fix_time_conditioning).
+        self.fixed_conditioning: tuple[TimeConditioning, ...] | None = None
+
+    @torch.no_grad()
+    def fix_time_conditioning(self, dtype: torch.dtype) -> None:
+        """Compute the estimator's :class:`TimeConditioning` of every Euler step once, for
+        inputs of ``dtype`` on the estimator's device, from its weights as they are now:
+        later calls in that dtype reuse it (with the same values up to float rounding).
+        Call it again after changing the estimator's weights, dtype or device."""
+        device = self.noise.device
+        times = [t for t, _ in _euler_steps(time_schedule(self.cfg, device, dtype))]
+        self.fixed_conditioning = tuple(self.estimator.time_conditioning(t[None]) for t in times)
 
     def forward(
         self,
@@ -55,20 +73,32 @@ class DiTCFM(nn.Module):
         # (2S, ...) stream-major: each stream's conditional row, then its unconditional one.
         mu2, spks2, cond2 = (_with_unconditional(c) for c in (mu, spks, cond))
         rate = self.cfg.inference_cfg_rate
-        t_span = time_schedule(self.cfg, mu.device, mu.dtype)
-        # Upstream advances t by dt and takes the next dt from that running t: the same
-        # recurrence keeps t's float rounding identical.
-        t, dt = t_span[0], t_span[1] - t_span[0]
-        for step in range(1, len(t_span)):
-            cache = None if caches is None else caches[step - 1]
+        fixed = self.fixed_conditioning
+        if fixed is not None and fixed[0].final[0].dtype != mu.dtype:
+            fixed = None
+        steps = _euler_steps(time_schedule(self.cfg, mu.device, mu.dtype))
+        for step, (t, dt) in enumerate(steps):
+            cache = None if caches is None else caches[step]
+            time = t.expand(2 * streams) if fixed is None else fixed[step]
             rows = x.repeat_interleave(2, dim=0)
-            velocity = self.estimator(rows, mu2, cond2, spks2, t.expand(2 * streams), streaming, cache)
+            velocity = self.estimator(rows, mu2, cond2, spks2, time, streaming, cache)
             v = velocity.unflatten(0, (streams, 2))  # (S, 2, 80, T)
             x = x + dt * ((1.0 + rate) * v[:, 0] - rate * v[:, 1])
-            t = t + dt
-            if step < len(t_span) - 1:
-                dt = t_span[step + 1] - t
         return x.float()
+
+
+def _euler_steps(t_span: Tensor) -> list[tuple[Tensor, Tensor]]:
+    """Each Euler step's time and step size (0-d tensors). Upstream advances t by dt and
+    takes the next dt from that running t: the same recurrence keeps t's float rounding
+    identical."""
+    steps = []
+    t, dt = t_span[0], t_span[1] - t_span[0]
+    for step in range(1, len(t_span)):
+        steps.append((t, dt))
+        t = t + dt
+        if step < len(t_span) - 1:
+            dt = t_span[step + 1] - t
+    return steps
 
 
 def _with_unconditional(c: Tensor) -> Tensor:
