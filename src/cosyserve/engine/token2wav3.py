@@ -124,8 +124,7 @@ class Token2Wav3:
             if stream is None or (item.chunk.finalize and self.flow_cache != "incremental"):
                 continue
             new, lookahead = self._push_tokens(item, stream)
-            end = (stream.prompt_token.shape[1] + stream.tokens.shape[1] + new.shape[1]) * self._ratio
-            key = (stream.cached_frames, end - stream.cached_frames)
+            key = (stream.cached_frames, stream.pending_frames(new))
             groups.setdefault(key, []).append((i, stream, new, lookahead))
         mels: dict[int, Tensor] = {}
         for group in groups.values():

@@ -92,6 +92,12 @@ class Flow3Stream:
         """Frames (prompt included) whose keys/values are cached: whole attention chunks."""
         return self.caches[0].length
 
+    def pending_frames(self, tokens: Tensor) -> int:
+        """How many frames a push of ``tokens`` ``(1, n)`` runs the DiT over: those after
+        the cached ones up to the end of ``tokens``."""
+        count = self.prompt_token.shape[1] + self.tokens.shape[1] + tokens.shape[1]
+        return count * self.flow.cfg.token_mel_ratio - self.cached_frames
+
     @torch.inference_mode()
     def push(self, tokens: Tensor, lookahead: Tensor | None) -> Tensor:
         """Append ``tokens`` ``(1, n)``, which look ahead to ``lookahead`` ``(1,
@@ -164,9 +170,10 @@ def push_streams(
     if not streams or not len(streams) == len(tokens) == len(lookaheads):
         raise ValueError(f"{len(tokens)} pushes for {len(streams)} streams")
     flow = streams[0].flow
-    pending = [s.prepare(t, a) for s, t, a in zip(streams, tokens, lookaheads, strict=True)]
-    if any(s.flow is not flow for s in streams) or len({p.mu.shape[2] for p in pending}) != 1:
+    frames = {s.pending_frames(t) for s, t in zip(streams, tokens, strict=True)}
+    if any(s.flow is not flow for s in streams) or len(frames) != 1:
         raise ValueError("batched pushes need streams of one flow with equally many new frames")
+    pending = [s.prepare(t, a) for s, t, a in zip(streams, tokens, lookaheads, strict=True)]
     caches = [StackedStepCache([s.caches[i] for s in streams]) for i in range(len(streams[0].caches))]
     mu, cond = torch.cat([p.mu for p in pending]), torch.cat([p.cond for p in pending])
     spks = torch.cat([s.spks for s in streams])
