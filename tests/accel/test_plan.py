@@ -57,8 +57,8 @@ def test_auto_is_the_measured_fast_plan_of_each_cpu_kind(
     assert plan.onednn_int8 == machine.cpu.amx
     assert plan.packed_bf16 == (precision[0] is Dtype.BF16)
     assert plan.fused_bf16_attention == machine.cpu.amx
-    # A float32 flow's stream caches in float16 (a bf16 flow's are 16-bit anyway).
-    assert plan.flow_cache_fp16 == (precision[0] is Dtype.FP32)
+    # A float32 flow's streams hold their caches in int8 (a bf16 flow's as computed).
+    assert plan.flow_cache_dtype == ("int8" if precision[0] is Dtype.FP32 else "computed")
     assert plan.warnings == ()
 
 
@@ -69,7 +69,7 @@ def test_exact_is_float32_with_upstreams_schedule_everywhere(machine: Machine) -
     assert plan.flow_cache == "cached"  # upstream's output, intermediate chunks from the cache
     assert plan.first_hop is None and plan.hop_growth and not plan.flow_prompt_whole
     assert not (plan.native_int8 or plan.onednn_int8 or plan.packed_bf16 or plan.fused_bf16_attention)
-    assert not plan.flow_cache_fp16
+    assert plan.flow_cache_dtype == "computed"
 
 
 def test_a_cpu_without_a_measured_plan_gets_the_safe_plan_under_auto() -> None:
@@ -79,7 +79,7 @@ def test_a_cpu_without_a_measured_plan_gets_the_safe_plan_under_auto() -> None:
     assert auto.first_hop is None and not auto.flow_prompt_whole and not auto.hop_growth
     fast = choose_plan(ARM, "fast")  # asked for speed: float32, but the short first hop
     assert _precision(fast) == _precision(auto) and fast.first_hop == 5
-    assert fast.flow_cache_fp16 and not auto.flow_cache_fp16
+    assert fast.flow_cache_dtype == "int8" and auto.flow_cache_dtype == "computed"
 
 
 def test_a_torch_without_fbgemm_has_no_measured_cpu_plan() -> None:
@@ -128,7 +128,7 @@ def test_a_gpu_machine_plans_for_its_gpu(monkeypatch: pytest.MonkeyPatch) -> Non
     assert _precision(plan) == (Dtype.BF16, Quantization.NONE, FlowQuantization.NONE)
     assert plan.decode_capture is DecodeCapture.CUDA_GRAPHS and plan.flow_cache == "exact"
     assert not plan.traced_flow and not plan.flow_prompt_whole and plan.first_hop == 5
-    assert not plan.flow_cache_fp16
+    assert plan.flow_cache_dtype == "computed"
     on_cpu = choose_plan(gpu, "auto", Choices(device="cpu"))
     assert on_cpu.precision.device == "cpu" and _precision(on_cpu)[2] is FlowQuantization.FP16
 

@@ -151,25 +151,33 @@ def test_a_stream_whose_cache_does_not_fit_recomputes_as_upstream(model3: Loaded
     assert float(np.abs(refused.audio - exact.audio).max()) <= 1e-5
 
 
-def test_float16_stream_caches_fit_twice_the_streams_and_stay_close(model3: LoadedModel) -> None:
-    """With ``flow_cache_fp16`` (the fast float32 CPU plans') a stream reserves half the
-    bytes: a budget too small for its float32 cache holds its float16 one, and the audio
-    stays within docs/precision.md's tolerance of the float32 cache's."""
+@pytest.mark.parametrize(
+    ("held", "dtype", "tol"), [("fp16", torch.float16, 2e-3), ("int8", torch.int8, 2e-2)]
+)
+def test_narrower_stream_caches_fit_more_streams_and_stay_close(
+    model3: LoadedModel, held: str, dtype: torch.dtype, tol: float
+) -> None:
+    """With ``flow_cache_dtype`` ``fp16`` or ``int8`` (the fast float32 CPU plans') a stream
+    reserves a half or about a quarter of the bytes (int8: a byte a value and a float32
+    scale per head and frame): a budget too small for its float32 cache holds the narrower
+    one, and the audio stays within docs/precision.md's tolerance of the float32 cache's."""
     spec = _stream_spec(model3, 90)
     assert isinstance(model3.flow, Flow3)
+    d = model3.flow.cfg.dit.dim_head
+    saved = 2.0 if dtype == torch.float16 else 4 * d / (d + 4)
     frames = (spec.flow_prompt_tokens.numel() + 90) * model3.flow.cfg.token_mel_ratio
-    wide, narrow = (stream_cache_bytes(model3.flow, frames, d) for d in (None, torch.float16))
+    wide, narrow = (stream_cache_bytes(model3.flow, frames, d) for d in (None, dtype))
     budget_mb = -(-narrow // (1 << 20))
-    assert narrow * 2 == wide > budget_mb << 20  # the float32 cache cannot fit
+    assert narrow * saved == pytest.approx(wide) and wide > budget_mb << 20  # float32 cannot fit
     common = {"max_active": 1, "flow_prompt_cache_mb": 0}
-    for fp16, refusals in ((False, 1), (True, 0)):
-        engine = make_engine(model3, **common, flow_stream_cache_mb=budget_mb, flow_cache_fp16=fp16)
+    for cache_dtype, refusals in (("computed", 1), (held, 0)):
+        engine = make_engine(model3, **common, flow_stream_cache_mb=budget_mb, flow_cache_dtype=cache_dtype)
         run_together(engine, [spec])
         assert engine.stats.flow_cache_refusals == refusals
-    cached = run_together(make_engine(model3, **common, flow_cache_fp16=True), [spec])["s"]
+    cached = run_together(make_engine(model3, **common, flow_cache_dtype=held), [spec])["s"]
     reference = run_together(make_engine(model3, **common), [spec])["s"]
     assert [c.size for c in cached.chunks] == [c.size for c in reference.chunks]
-    assert 0 < float(np.abs(cached.audio - reference.audio).max()) <= 2e-3
+    assert 0 < float(np.abs(cached.audio - reference.audio).max()) <= tol
 
 
 @pytest.mark.parametrize("prompt_cache_mb", [0, 64])

@@ -8,6 +8,11 @@ FlowCacheMode = Literal["exact", "cached", "incremental"]
 # on the full model (220 MiB in bf16/fp16), so 8 such voices in fp32.
 DEFAULT_FLOW_PROMPT_CACHE_MB = 4096
 FLOW_CACHE_MODES: tuple[FlowCacheMode, ...] = get_args(FlowCacheMode)
+# What streams' incremental flow caches hold their positions in: as the flow computes,
+# float16 (a float32 flow's; 16-bit flows hold theirs so anyway) or int8 rows with a scale
+# each (a stream's own positions; a voice's primed ones stay float16 or as computed).
+FlowCacheDtype = Literal["computed", "fp16", "int8"]
+FLOW_CACHE_DTYPES: tuple[FlowCacheDtype, ...] = get_args(FlowCacheDtype)
 
 
 def flow_prompt_whole_problem(whole: bool, mode: FlowCacheMode, prompt_cache_mb: int) -> str | None:

@@ -17,7 +17,7 @@ from enum import StrEnum
 
 import torch
 
-from cosyserve.accel.flow_cache_mode import FlowCacheMode
+from cosyserve.accel.flow_cache_mode import FlowCacheDtype, FlowCacheMode
 from cosyserve.accel.machine import CpuKind, Machine
 from cosyserve.accel.precision import Precision
 from cosyserve.accel.precision_choices import Choices, Dtype, FlowQuantization, Profile, Quantization
@@ -65,7 +65,8 @@ class Plan:
     torch's fused kernel (fast with AMX tiles only; else split GEMMs).
     ``decode_capture``, ``traced_flow``: replay of decode steps and flow steps.
     ``flow_cache``, ``flow_prompt_whole``: streaming flow work (docs/streaming.md);
-    ``flow_cache_fp16``: a float32 flow's stream caches held in float16.
+    ``flow_cache_dtype``: what streams' flow caches are held in (see
+    :data:`~cosyserve.accel.flow_cache_mode.FlowCacheDtype`).
     ``first_hop``: default tokens in a stream's first chunk (None: upstream's, aligned to
     the 25-token block); ``hop_growth``: upstream's hop doubling within a request (25, 50,
     100) instead of a constant 25. ``threads``: torch threads of the engine.
@@ -85,7 +86,7 @@ class Plan:
     traced_flow: bool = True
     flow_cache: FlowCacheMode = "incremental"
     flow_prompt_whole: bool = False
-    flow_cache_fp16: bool = False
+    flow_cache_dtype: FlowCacheDtype = "computed"
     first_hop: int | None = None
     hop_growth: bool = False
     threads: int = 1
@@ -127,7 +128,7 @@ class Plan:
             "traced_flow": _yes(self.traced_flow),
             "flow_cache": self.flow_cache,
             "flow_prompt_whole": _yes(self.flow_prompt_whole),
-            "flow_cache_fp16": _yes(self.flow_cache_fp16),
+            "flow_cache_dtype": self.flow_cache_dtype,
             "first_hop": "upstream" if self.first_hop is None else str(self.first_hop),
             "hop_growth": _yes(self.hop_growth),
             "threads": str(self.threads),
@@ -210,6 +211,7 @@ def _fill(plan: Plan, fast: bool) -> Plan:
         capture, flow_cache = DecodeCapture.TRACE, "cached" if profile is Profile.EXACT else "incremental"
     if p.compile:
         capture = DecodeCapture.EAGER
+    narrow_caches = fast and cpu and flow_cache != "exact" and p.flow_dtype == torch.float32
     return replace(
         plan,
         native_int8=int8 and machine.cpu.vnni,
@@ -220,9 +222,9 @@ def _fill(plan: Plan, fast: bool) -> Plan:
         traced_flow=cpu and flow_cache != "exact",
         flow_cache=flow_cache,
         flow_prompt_whole=fast and flow_cache != "exact",
-        # Streams' caches grow with every frame: a float32 flow holds them in half the
-        # memory, within docs/precision.md's tolerances (16-bit flows hold them so anyway).
-        flow_cache_fp16=fast and cpu and flow_cache != "exact" and p.flow_dtype == torch.float32,
+        # Streams' caches grow with every frame: a float32 flow holds them in a quarter of
+        # the memory, within docs/precision.md's tolerances.
+        flow_cache_dtype="int8" if narrow_caches else "computed",
         first_hop=FAST_FIRST_HOP if fast else None,
         hop_growth=profile is Profile.EXACT,
         warnings=_warnings(p, machine),

@@ -6,7 +6,9 @@ import torch
 
 from cosyserve.accel.flow_cache_mode import (
     DEFAULT_FLOW_PROMPT_CACHE_MB,
+    FLOW_CACHE_DTYPES,
     FLOW_CACHE_MODES,
+    FlowCacheDtype,
     FlowCacheMode,
     flow_prompt_whole_problem,
 )
@@ -58,10 +60,12 @@ class EngineConfig:
     time per single stream, and concurrent streams run as fast, with fewer page faults
     (``docs/streaming.md``, "Memory"). Same output: the keys and values are the same
     products.
-    ``flow_cache_fp16``: a float32 flow's incremental stream caches and primed prompts
-    hold their keys and values (compact caches: their inputs) in float16, half the memory,
-    and attention reads them converted back (``docs/precision.md``); ignored where the
-    flow computes in 16 bits already.
+    ``flow_cache_dtype``: what incremental stream caches hold their keys and values
+    (compact caches: their inputs) in, read back converted (``docs/precision.md``):
+    ``computed`` as the flow computes; ``fp16`` a float32 flow's streams and primed
+    prompts in float16, half the memory (ignored for a 16-bit flow); ``int8`` a stream's
+    own positions as int8 rows with a float32 scale each, about a quarter of float32's
+    memory, the primed prompts as with ``fp16``.
     ``flow_stream_rows``: incremental streaming chunks per flow call (0: no bound). A
     traced call holds every batched row's cached keys and values at once (56 layers x
     rows x history: about 830 MiB for 8 streams at 450 frames), while on a CPU a pass
@@ -103,7 +107,7 @@ class EngineConfig:
     flow_prompt_whole: bool = False
     flow_stream_cache_mb: int = 0
     flow_cache_compact: bool = True
-    flow_cache_fp16: bool = False
+    flow_cache_dtype: FlowCacheDtype = "computed"
     flow_stream_rows: int = 2
     cuda_graphs: bool = True
     traced_decode: bool = True
@@ -121,6 +125,8 @@ class EngineConfig:
             raise ValueError("max_waiting must not be negative")
         if self.flow_cache not in FLOW_CACHE_MODES:
             raise ValueError(f"flow_cache must be one of {FLOW_CACHE_MODES}")
+        if self.flow_cache_dtype not in FLOW_CACHE_DTYPES:
+            raise ValueError(f"flow_cache_dtype must be one of {FLOW_CACHE_DTYPES}")
         if self.prefix_cache_positions < 0:
             raise ValueError("prefix_cache_positions must not be negative")
         for name in ("flow_prompt_cache_mb", "flow_stream_cache_mb", "flow_stream_rows"):

@@ -112,11 +112,11 @@ class Engine:
             if not isinstance(hift, CausalHiFTGenerator):
                 raise TypeError("CosyVoice 3's flow needs its causal vocoder")
             budget = config.flow_stream_cache_mb or DEFAULT_CACHE_BUDGET_MB
-            cache_dtype = _stream_cache_dtype(config, flow)
+            cache_dtype, primed_dtype = _cache_dtypes(config, flow)
             prompt_cache3 = None
             if config.flow_prompt_cache_mb > 0 and config.flow_cache != "exact":
                 mb, whole = config.flow_prompt_cache_mb, config.flow_prompt_whole
-                prompt_cache3 = Flow3PromptCache(flow, mb << 20, whole, cache_dtype)
+                prompt_cache3 = Flow3PromptCache(flow, mb << 20, whole, cache_dtype, primed_dtype)
             self.token2wav = Token2Wav3(
                 flow,
                 hift,
@@ -167,7 +167,7 @@ class Engine:
             reserved_bytes=self._flow_reserved,
             compact_caches=config.flow_cache_compact,
             stream_rows=config.flow_stream_rows,
-            cache_dtype=_stream_cache_dtype(config, flow),
+            cache_dtype=_cache_dtypes(config, flow)[0],
         )
 
     # -- requests ---------------------------------------------------------------------------
@@ -391,9 +391,14 @@ def _silence() -> np.ndarray:
     return np.zeros(0, dtype=np.float32)
 
 
-def _stream_cache_dtype(config: EngineConfig, flow: Flow | Flow3) -> torch.dtype | None:
-    """What the flow's stream caches hold keys and values in: float16 for a float32 flow
-    where ``config`` asks, else as computed."""
-    if config.flow_cache_fp16 and flow.speaker_proj.weight.dtype == torch.float32:
-        return torch.float16
-    return None
+def _cache_dtypes(config: EngineConfig, flow: Flow | Flow3) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """What streams hold their own flow caches in and what voices' primed prompts are
+    held in, as ``config.flow_cache_dtype`` asks (None: as the flow computes). float16
+    applies to a float32 flow only; int8 holds a stream's own positions, while the primed
+    ones, which all the voice's streams read, stay float16 (a float32 flow) or as computed."""
+    narrow = torch.float16 if flow.speaker_proj.weight.dtype == torch.float32 else None
+    if config.flow_cache_dtype == "int8":
+        return torch.int8, narrow
+    if config.flow_cache_dtype == "fp16":
+        return narrow, narrow
+    return None, None

@@ -221,7 +221,7 @@ def engine_config_for(model: LoadedModel, **overrides: Any) -> EngineConfig:
         "traced_decode": plan.decode_capture is DecodeCapture.TRACE,
         "traced_flow": plan.traced_flow,
         "flow_cache": plan.flow_cache,
-        "flow_cache_fp16": plan.flow_cache_fp16,
+        "flow_cache_dtype": plan.flow_cache_dtype,
         "first_hop": plan.first_hop,
         "hop_growth": plan.hop_growth,
         **overrides,

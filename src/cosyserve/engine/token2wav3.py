@@ -15,7 +15,8 @@ last frames differ from upstream's).
 
 The flow's stream caches are large (keys and values of 22 layers x 10 Euler steps x 2
 guidance rows: 3.6 MB per mel frame in float32 on the released model, so 1.6 GB for a
-3 s prompt and 6 s of speech; ``cache_dtype`` float16 halves that), so they share a
+3 s prompt and 6 s of speech; a ``cache_dtype`` of float16 halves that, int8 rows take
+about a quarter), so they share a
 budget, ``cache_budget`` bytes (:data:`DEFAULT_CACHE_BUDGET_MB` unless the engine's
 ``flow_stream_cache_mb`` says otherwise): a stream whose cache does not fit beside the
 others' recomputes its chunks as ``"exact"`` does, with upstream's cost and memory.

@@ -105,8 +105,10 @@ def _streams(
     return streams, tokens
 
 
-@pytest.mark.parametrize("cache_dtype", [None, torch.float16])
-def test_streams_pushed_together_equal_each_pushed_alone(cache_dtype: torch.dtype | None) -> None:
+# int8 rows round each cached value to one of 255 levels: a key computed a rounding error
+# apart in a joint pass can land on the next level, a step of absmax / 127.
+@pytest.mark.parametrize(("cache_dtype", "tol"), [(None, 1e-5), (torch.float16, 1e-5), (torch.int8, 1e-3)])
+def test_streams_pushed_together_equal_each_pushed_alone(cache_dtype: torch.dtype | None, tol: float) -> None:
     together, tokens = _streams(TINY_CASE, 3, cache_dtype)
     alone, _ = _streams(TINY_CASE, 3, cache_dtype)
     done = 0
@@ -118,7 +120,7 @@ def test_streams_pushed_together_equal_each_pushed_alone(cache_dtype: torch.dtyp
         for b in range(3):
             want = alone[b].push(news[b], lookaheads[b])
             assert got[b].shape == want.shape
-            assert max_abs_diff(got[b], want) <= 1e-5, (stop, b)
+            assert max_abs_diff(got[b], want) <= tol, (stop, b)
             assert together[b].cached_frames == alone[b].cached_frames
         done = stop
     assert all(s.finished for s in together)

@@ -18,15 +18,18 @@ them, shared and never written, before its own frames (:meth:`StepCache.fork`).
 
 Memory: ``2 rows x 2 (k, v) x heads x head_dim`` values per frame, layer and Euler step:
 3.6 MB per frame in float32 for the released model (22 layers, 10 steps, width 1024).
-A cache may hold them in a narrower ``dtype`` than the DiT computes in (float16 on a
-float32 CPU plan: half the memory, so twice the cached streams); attention then reads the
-cached frames converted back, the new frames as computed.
+A cache may hold them in a narrower ``dtype`` than the DiT computes in (float16: half a
+float32 flow's memory; ``torch.int8``: :class:`~cosyserve.models.int8_rows.Int8Rows`, about
+a quarter); attention then reads the cached frames converted back, the new frames as
+computed.
 """
 
 from typing import Protocol
 
 import torch
 from torch import Tensor
+
+from cosyserve.models.int8_rows import Held, copy_head, head, held_tensors, new_held, read_into, write_held
 
 MIN_CAPACITY = 256  # frames
 
@@ -52,15 +55,16 @@ class StepCache:
 
     def __init__(self, depth: int, capacity: int = MIN_CAPACITY, dtype: torch.dtype | None = None) -> None:
         """``capacity``: frames of its own the buffers are first made for (more grow them);
-        ``dtype``: what keys and values are held in (None: as computed)."""
+        ``dtype``: what keys and values are held in (None: as computed; ``torch.int8``:
+        int8 rows with their scales)."""
         self.length = 0
         self.shared = 0
         self.capacity = max(MIN_CAPACITY, capacity)
         self.dtype = dtype
-        self.keys: list[Tensor | None] = [None] * depth
-        self.values: list[Tensor | None] = [None] * depth
-        self.shared_keys: list[Tensor | None] = [None] * depth
-        self.shared_values: list[Tensor | None] = [None] * depth
+        self.keys: list[Held | None] = [None] * depth
+        self.values: list[Held | None] = [None] * depth
+        self.shared_keys: list[Held | None] = [None] * depth
+        self.shared_values: list[Held | None] = [None] * depth
         self.tails: dict[str, Tensor] = {}
         self._pending_tails: dict[str, tuple[Tensor, int]] = {}
 
@@ -70,39 +74,43 @@ class StepCache:
         where they hold every frame as computed, else a copy. The new ones are pending."""
         keys = self._write(self.keys, layer, k)
         values = self._write(self.values, layer, v)
-        if not self.shared and keys.dtype == k.dtype:
+        if (
+            not self.shared
+            and isinstance(keys, Tensor)
+            and isinstance(values, Tensor)
+            and keys.dtype == k.dtype
+        ):
             end = self.length + k.shape[2]
             return keys[:, :, :end], values[:, :, :end]
         return self._read(self.shared_keys[layer], keys, k), self._read(self.shared_values[layer], values, v)
 
-    def _write(self, buffers: list[Tensor | None], layer: int, new: Tensor) -> Tensor:
+    def _write(self, buffers: list[Held | None], layer: int, new: Tensor) -> Held:
         """``layer``'s own buffer with ``new`` written after the cached frames."""
         start = self.length - self.shared
         end = start + new.shape[2]
         buffer = buffers[layer]
         if buffer is None or buffer.shape[2] < end:
             buffer = self._grown(buffer, new, end)
-        buffer[:, :, start:end] = new
+        write_held(buffer, start, new)
         buffers[layer] = buffer
         return buffer
 
-    def _grown(self, buffer: Tensor | None, new: Tensor, end: int) -> Tensor:
+    def _grown(self, buffer: Held | None, new: Tensor, end: int) -> Held:
         """A buffer at least twice as long as ``buffer`` holding ``end`` own frames, with
         ``buffer``'s valid frames copied in."""
         capacity = max(self.capacity, end, 0 if buffer is None else 2 * buffer.shape[2])
         shape = (new.shape[0], new.shape[1], capacity, new.shape[3])
-        grown = torch.empty(shape, dtype=self.dtype or new.dtype, device=new.device)
+        grown = new_held(shape, self.dtype or new.dtype, new.device)
         if buffer is not None:
-            own = self.length - self.shared
-            grown[:, :, :own] = buffer[:, :, :own]
+            copy_head(grown, buffer, self.length - self.shared)
         return grown
 
-    def _read(self, shared: Tensor | None, own: Tensor, new: Tensor) -> Tensor:
+    def _read(self, shared: Held | None, own: Held, new: Tensor) -> Tensor:
         """The shared frames, the own cached ones and ``new``, in ``new``'s dtype."""
         out = new.new_empty(new.shape[0], new.shape[1], self.length + new.shape[2], new.shape[3])
         if shared is not None:
-            out[:, :, : self.shared] = shared
-        out[:, :, self.shared : self.length] = own[:, :, : self.length - self.shared]
+            read_into(out[:, :, : self.shared], shared)
+        read_into(out[:, :, self.shared : self.length], head(own, self.length - self.shared))
         out[:, :, self.length :] = new
         return out
 
@@ -131,8 +139,8 @@ class StepCache:
         self._check_own("trimmed")
         out = StepCache(len(self.keys), dtype=self.dtype)
         out.length = out.capacity = self.length
-        out.keys = [None if k is None else k[:, :, : self.length].clone() for k in self.keys]
-        out.values = [None if v is None else v[:, :, : self.length].clone() for v in self.values]
+        out.keys = [None if k is None else head(k, self.length).clone() for k in self.keys]
+        out.values = [None if v is None else head(v, self.length).clone() for v in self.values]
         out.tails = dict(self.tails)  # replaced, never written in place: shared safely
         return out
 
@@ -143,8 +151,8 @@ class StepCache:
         self._check_own("forked")
         out = StepCache(len(self.keys), capacity - self.length, dtype)
         out.length = out.shared = self.length
-        out.shared_keys = [None if k is None else k[:, :, : self.length] for k in self.keys]
-        out.shared_values = [None if v is None else v[:, :, : self.length] for v in self.values]
+        out.shared_keys = [None if k is None else head(k, self.length) for k in self.keys]
+        out.shared_values = [None if v is None else head(v, self.length) for v in self.values]
         out.tails = dict(self.tails)
         return out
 
@@ -156,5 +164,5 @@ class StepCache:
 
     def nbytes(self) -> int:
         """Memory of its own buffers and convolution tails (shared frames are their owner's)."""
-        buffers = [t for t in self.keys + self.values if t is not None] + list(self.tails.values())
-        return sum(t.numel() * t.element_size() for t in buffers)
+        held = [t for buffer in self.keys + self.values if buffer is not None for t in held_tensors(buffer)]
+        return sum(t.numel() * t.element_size() for t in held + list(self.tails.values()))

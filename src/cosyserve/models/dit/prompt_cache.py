@@ -36,15 +36,21 @@ class Flow3PromptCache(PrimedPromptCache[list[StepCache]]):
     :class:`~cosyserve.models.flow.prompt_cache.PrimedPromptCache`)."""
 
     def __init__(
-        self, flow: Flow3, max_bytes: int, whole: bool = False, cache_dtype: torch.dtype | None = None
+        self,
+        flow: Flow3,
+        max_bytes: int,
+        whole: bool = False,
+        cache_dtype: torch.dtype | None = None,
+        primed_dtype: torch.dtype | None = None,
     ) -> None:
         """``whole``: prime every complete attention chunk of a prompt (a deviation);
-        ``cache_dtype``: what primed and streams' keys and values are held in (None: the
-        flow's dtype)."""
+        ``cache_dtype``: what streams hold their own keys and values in, ``primed_dtype``:
+        what the primed ones are held in (None: the flow's dtype)."""
         super().__init__(max_bytes, flow.speaker_proj.weight, _steps_bytes)
         self.flow = flow
         self.whole = whole
         self.cache_dtype = cache_dtype
+        self.primed_dtype = primed_dtype
 
     def primed_frames(self, prompt_tokens: int, prompt_frames: int) -> int:
         """The frames a stream of a prompt this long reads primed (see
@@ -63,7 +69,7 @@ class Flow3PromptCache(PrimedPromptCache[list[StepCache]]):
             return Flow3Stream(*voice, cache_dtype=self.cache_dtype)
 
         def prime() -> list[StepCache]:
-            return prime_prompt(self.flow, prompt_token, prompt_feat, embedding, prefix, self.cache_dtype)
+            return prime_prompt(self.flow, prompt_token, prompt_feat, embedding, prefix, self.primed_dtype)
 
         primed = self.primed(prompt_token, prompt_feat, embedding, prime)
         return Flow3Stream(*voice, primed, self.cache_dtype)

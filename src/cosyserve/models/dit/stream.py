@@ -29,6 +29,7 @@ from torch import Tensor
 from cosyserve.models.dit.cache import StepCache
 from cosyserve.models.dit.flow3 import Flow3
 from cosyserve.models.dit.stacked import StackedStepCache
+from cosyserve.models.int8_rows import row_bytes
 
 
 @dataclass(frozen=True, eq=False)
@@ -226,6 +227,5 @@ def stream_cache_bytes(flow: Flow3, frames: int, cache_dtype: torch.dtype | None
     of both guidance rows, every layer and Euler step, in ``cache_dtype`` (None: the
     flow's dtype; convolution tails aside: a few frames each)."""
     cfg = flow.cfg
-    itemsize = (cache_dtype or next(flow.parameters()).dtype).itemsize
-    per_frame = 2 * 2 * cfg.dit.heads * cfg.dit.dim_head * cfg.dit.depth * cfg.cfm.n_timesteps * itemsize
-    return frames * per_frame
+    row = row_bytes(cfg.dit.dim_head, cache_dtype or next(flow.parameters()).dtype)
+    return frames * 2 * 2 * cfg.dit.heads * row * cfg.dit.depth * cfg.cfm.n_timesteps

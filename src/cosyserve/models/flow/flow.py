@@ -18,6 +18,7 @@ from cosyserve.models.flow.estimator import Estimator
 from cosyserve.models.flow.stream_cache import FlowStreamCache
 from cosyserve.models.flow.table import flow_checkpoint_table
 from cosyserve.models.flow.traced_steps import TracedSteps
+from cosyserve.models.int8_rows import row_bytes
 from cosyserve.models.trace_cache import TraceCache
 
 # The model-directory tools take the module and its checkpoint table from here.
@@ -223,12 +224,13 @@ class Flow(nn.Module):
         half as much again (its buffers grow x1.5). The convolution contexts, a few frames
         each, are left out."""
         frames = tokens * self.token_mel_ratio
-        per_token = _key_value_width(self.encoder.layers)
-        per_frame = _key_value_width(self.encoder.up_layers)
-        step = _input_width(self.cfm.estimator) if compact else _key_value_width(self.cfm.estimator)
-        itemsize = self.speaker_proj.weight.element_size()
-        steps = 2 * self.cfg.cfm.n_timesteps * step * frames * (dtype.itemsize if dtype else itemsize)
-        return itemsize * (per_token * tokens + per_frame * frames) + steps
+        computed = self.speaker_proj.weight.dtype
+        per_token = _key_value_bytes(self.encoder.layers, computed)
+        per_frame = _key_value_bytes(self.encoder.up_layers, computed)
+        held = dtype or computed
+        estimator = self.cfm.estimator
+        step = _input_bytes(estimator, held) if compact else _key_value_bytes(estimator, held)
+        return per_token * tokens + per_frame * frames + 2 * self.cfg.cfm.n_timesteps * step * frames
 
     @torch.inference_mode()
     def prime_stream(
@@ -335,15 +337,17 @@ class Flow(nn.Module):
             )
 
 
-def _key_value_width(module: nn.Module) -> int:
-    """Keys and values cached per position by the attention layers under ``module``."""
+def _key_value_bytes(module: nn.Module, dtype: torch.dtype) -> int:
+    """Bytes of the keys and values cached per position in ``dtype`` by the attention
+    layers under ``module``."""
     return sum(
-        2 * layer.heads * layer.head_dim
+        2 * layer.heads * row_bytes(layer.head_dim, dtype)
         for layer in module.modules()
         if isinstance(layer, RelPositionAttention | SelfAttention)
     )
 
 
-def _input_width(module: nn.Module) -> int:
-    """Inputs a compact cache keeps per position for the attention layers under ``module``."""
-    return sum(layer.dim for layer in module.modules() if isinstance(layer, SelfAttention))
+def _input_bytes(module: nn.Module, dtype: torch.dtype) -> int:
+    """Bytes of the inputs a compact cache keeps per position in ``dtype`` for the
+    attention layers under ``module``."""
+    return sum(row_bytes(layer.dim, dtype) for layer in module.modules() if isinstance(layer, SelfAttention))

@@ -8,8 +8,9 @@ attention layer and the left context of every causal convolution, separately for
 encoder and for each Euler step of the sampler (both CFG branches, as one batch). A
 compact cache keeps the estimator attention layers' inputs instead of their keys and
 values, a quarter of the memory, and recomputes those from them on every pass. The Euler
-steps' own positions may be held in a narrower dtype than the flow computes in (float16 on
-a float32 CPU plan: half the memory); every read converts them back.
+steps' own positions may be held in a narrower dtype than the flow computes in (float16:
+half a float32 flow's memory; ``torch.int8``: :class:`~cosyserve.models.int8_rows.Int8Rows`,
+about a quarter); every read converts them back.
 
 One :class:`FlowStreamCache` belongs to one segment of one request and is dropped when
 the segment ends; nothing here is stored on the shared modules.
@@ -19,6 +20,8 @@ from typing import Protocol, cast, runtime_checkable
 
 import torch
 from torch import Tensor, nn
+
+from cosyserve.models.int8_rows import Held, as_dtype, copy_head, head, held_tensors, new_held, write_held
 
 
 @runtime_checkable
@@ -56,8 +59,8 @@ class LayerStates:
     estimator that holds 256 channels a position instead of 2 x 512, for one more GEMM
     over the history per layer and pass.
 
-    ``dtype``: what the own positions are held in (None: as computed); reads return them
-    in the dtype they were computed in.
+    ``dtype``: what the own positions are held in (None: as computed; ``torch.int8``: int8
+    rows with their scales); reads return them in the dtype they were computed in.
     """
 
     def __init__(self, capacity: int = 0, compact: bool = False, dtype: torch.dtype | None = None) -> None:
@@ -72,9 +75,9 @@ class LayerStates:
         # Keyed by the module that owns the state, so each layer finds its own.
         self._shared_keys: dict[nn.Module, Tensor] = {}  # (B, H, shared, d)
         self._shared_values: dict[nn.Module, Tensor] = {}
-        self._keys: dict[nn.Module, Tensor] = {}  # (B, H, own capacity, d): positions from ``shared``
-        self._values: dict[nn.Module, Tensor] = {}
-        self._own_inputs: dict[nn.Module, Tensor] = {}  # compact: (B, 1, own capacity, C)
+        self._keys: dict[nn.Module, Held] = {}  # (B, H, own capacity, d): positions from ``shared``
+        self._values: dict[nn.Module, Held] = {}
+        self._own_inputs: dict[nn.Module, Held] = {}  # compact: (B, 1, own capacity, C)
         self._context: dict[nn.Module, Tensor] = {}  # (B, C, kernel - 1)
         self._next_context: dict[nn.Module, Tensor] = {}  # the context after this pass
 
@@ -115,10 +118,9 @@ class LayerStates:
             return [*keys, k], [*values, v]
         self.store(layer, k, v, inputs)
         end = self.length + k.shape[2] - self.shared  # in the own buffers
-        return (
-            self._pieces(self._shared_keys, self._keys, layer, end),
-            self._pieces(self._shared_values, self._values, layer, end),
-        )
+        keys = [as_dtype(t, k.dtype) for t in self._pieces(self._shared_keys, self._keys, layer, end)]
+        values = [as_dtype(t, v.dtype) for t in self._pieces(self._shared_values, self._values, layer, end)]
+        return keys, values
 
     def store(self, layer: nn.Module, k: Tensor, v: Tensor, inputs: Tensor | None = None) -> None:
         """Write ``layer``'s new keys and values ``(B, H, n, d)`` after the cached positions
@@ -131,26 +133,23 @@ class LayerStates:
             # layer and pass: a runtime protocol check there cost a stream chunk ~1-2 ms).
             if layer not in self._own_inputs and not isinstance(layer, KeyValueSource):
                 raise TypeError(f"{type(layer).__name__} cannot recompute its keys and values")
-            self._grown(self._own_inputs, layer, inputs[:, None], end)[:, 0, start:end] = inputs
+            write_held(self._grown(self._own_inputs, layer, inputs[:, None], end), start, inputs[:, None])
             return
-        keys = self._grown(self._keys, layer, k, end)
-        values = self._grown(self._values, layer, v, end)
-        keys[:, :, start:end] = k
-        values[:, :, start:end] = v
+        write_held(self._grown(self._keys, layer, k, end), start, k)
+        write_held(self._grown(self._values, layer, v, end), start, v)
 
     def cached(self, layer: nn.Module) -> tuple[list[Tensor], list[Tensor]]:
         """``layer``'s keys and values of the cached positions, as the pieces they are held
         in (none before the first pass); a compact cache's own ones recomputed."""
         own = self.length - self.shared
-        keys = self._pieces(self._shared_keys, self._keys, layer, own)
-        values = self._pieces(self._shared_values, self._values, layer, own)
-        if self._computed is not None and self.dtype not in (None, self._computed):
-            keys = [t.to(self._computed) for t in keys]
-            values = [t.to(self._computed) for t in values]
+        computed = self._computed
+        if computed is None:  # nothing computed, nothing cached (a fork inherits its origin's)
+            return [], []
+        keys = [as_dtype(t, computed) for t in self._pieces(self._shared_keys, self._keys, layer, own)]
+        values = [as_dtype(t, computed) for t in self._pieces(self._shared_values, self._values, layer, own)]
         if layer in self._own_inputs and own > 0:  # compact: the own positions as inputs
             source = cast(KeyValueSource, layer)  # checked when its inputs were stored
-            inputs = self._own_inputs[layer][:, 0, :own]
-            k, v = source.keys_values(inputs if self._computed is None else inputs.to(self._computed))
+            k, v = source.keys_values(as_dtype(head(self._own_inputs[layer], own), computed)[:, 0])
             keys.append(k)
             values.append(v)
         return keys, values
@@ -188,6 +187,7 @@ class LayerStates:
             raise RuntimeError("cannot fork states in the middle of a pass")
         fork = LayerStates(self.capacity, self.compact if compact is None else compact, dtype)
         fork.length = fork.shared = self.length
+        fork._computed = self._computed
         for layer in dict.fromkeys([*self._shared_keys, *self._keys, *self._own_inputs]):
             keys, values = self.cached(layer)
             fork._shared_keys[layer], fork._shared_values[layer] = _joined(keys), _joined(values)
@@ -196,13 +196,12 @@ class LayerStates:
 
     def tensors(self) -> list[Tensor]:
         """Every cached tensor: the shared positions, the own key and value buffers whole
-        (slack included), the convolution contexts."""
+        (slack included; int8 rows' data and scales), the convolution contexts."""
+        own = [*self._keys.values(), *self._values.values(), *self._own_inputs.values()]
         return [
             *self._shared_keys.values(),
             *self._shared_values.values(),
-            *self._keys.values(),
-            *self._values.values(),
-            *self._own_inputs.values(),
+            *(t for held in own for t in held_tensors(held)),
             *self._context.values(),
         ]
 
@@ -214,16 +213,16 @@ class LayerStates:
 
     @staticmethod
     def _pieces(
-        shared: dict[nn.Module, Tensor], own: dict[nn.Module, Tensor], layer: nn.Module, own_end: int
-    ) -> list[Tensor]:
-        """``layer``'s positions as pieces: the shared ones, then the first ``own_end`` of
-        its own buffer (left out when empty, unless it is all there is)."""
-        parts = [shared[layer]] if layer in shared else []
+        shared: dict[nn.Module, Tensor], own: dict[nn.Module, Held], layer: nn.Module, own_end: int
+    ) -> list[Held]:
+        """``layer``'s positions as pieces, as held: the shared ones, then the first
+        ``own_end`` of its own buffer (left out when empty, unless it is all there is)."""
+        parts: list[Held] = [shared[layer]] if layer in shared else []
         if layer in own and (own_end > 0 or not parts):
-            parts.append(own[layer][:, :, :own_end])
+            parts.append(head(own[layer], own_end))
         return parts
 
-    def _grown(self, buffers: dict[nn.Module, Tensor], layer: nn.Module, new: Tensor, end: int) -> Tensor:
+    def _grown(self, buffers: dict[nn.Module, Held], layer: nn.Module, new: Tensor, end: int) -> Held:
         """``layer``'s own buffer, reallocated if it holds fewer than ``end`` positions."""
         buffer = buffers.get(layer)
         if buffer is not None and buffer.shape[2] >= end:
@@ -233,9 +232,9 @@ class LayerStates:
         reserved = self.capacity - self.shared if self.passes else 0
         capacity = max(end, reserved, 3 * (0 if buffer is None else buffer.shape[2]) // 2)
         shape = (new.shape[0], new.shape[1], capacity, new.shape[3])
-        grown = torch.empty(shape, dtype=self.dtype or new.dtype, device=new.device)
+        grown = new_held(shape, self.dtype or new.dtype, new.device)
         if buffer is not None:
-            grown[:, :, : buffer.shape[2]] = buffer
+            copy_head(grown, buffer, buffer.shape[2])
         buffers[layer] = grown
         return grown
 

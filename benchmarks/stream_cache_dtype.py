@@ -1,16 +1,16 @@
-"""What float16 stream caches (the ``fast`` plan's ``flow_cache_fp16``, on CPUs whose flow
-computes in float32) change in a stream's audio, and the memory they save, on a model
-directory of either family:
+"""What narrower stream caches (the plan's ``flow_cache_dtype``: ``int8`` in the ``fast``
+plans whose flow computes in float32, or ``fp16``) change in a stream's audio, and the
+memory they save, on a model directory of either family:
 
-    OMP_NUM_THREADS=2 python benchmarks/stream_cache_fp16.py --model-dir DIR \\
+    OMP_NUM_THREADS=2 python benchmarks/stream_cache_dtype.py --model-dir DIR \\
         [--prompt 75] [--tokens 150] [--json out.json]
 
 One streamed zero-shot request (a synthetic prompt of ``--prompt`` speech tokens,
 ``--tokens`` forced speech tokens) runs through the engine of this machine's ``fast`` plan
-twice: its flow stream caches in float32, then in float16. Prints the largest and mean
-difference of the float16 run's samples from the float32 run's, its SNR against them, the
-most memory the stream's own flow caches held in each run (not the voice's primed prompt,
-which its streams share) and each run's wall time.
+three times: its flow stream caches as computed (float32 on such a CPU), in float16, then
+in int8. Prints the largest and mean difference of each narrower run's samples from the
+first run's, its SNR against them, the most memory the stream's own flow caches held in
+each run (not the voice's primed prompt, which its streams share) and each run's wall time.
 """
 
 import json
@@ -19,6 +19,7 @@ import time
 import numpy as np
 from common import add_workload_args, model_dir_parser
 
+from cosyserve.accel.flow_cache_mode import FLOW_CACHE_DTYPES, FlowCacheDtype
 from cosyserve.accel.machine import Machine
 from cosyserve.accel.plan import Profile, choose_plan
 from cosyserve.bench.engine_runs import RequestResult, collect
@@ -39,25 +40,28 @@ def main() -> None:
     spec = synthetic_spec("s", voice, text, tokens=args.tokens, seed=2, stream=True)
     report: dict[str, dict[str, float]] = {}
     audio = {}
-    for fp16 in (False, True):
-        name = "float16" if fp16 else "float32"
-        audio[name], report[name] = _run(model, spec, fp16)
-        print(f"{name}: {report[name]}", flush=True)
-    diff = audio["float16"] - audio["float32"]
-    noise = float(np.mean(diff**2))
-    report["difference"] = {
-        "max_abs": float(np.abs(diff).max()),
-        "mean_abs": float(np.abs(diff).mean()),
-        "snr_db": float(10 * np.log10(np.mean(audio["float32"] ** 2) / noise)) if noise else float("inf"),
-    }
-    print(f"float16 against float32: {report['difference']}")
+    for held in FLOW_CACHE_DTYPES:
+        audio[held], report[held] = _run(model, spec, held)
+        print(f"{held}: {report[held]}", flush=True)
+    reference = audio["computed"]
+    for held in FLOW_CACHE_DTYPES[1:]:
+        diff = audio[held] - reference
+        noise = float(np.mean(diff**2))
+        report[f"{held} against computed"] = {
+            "max_abs": float(np.abs(diff).max()),
+            "mean_abs": float(np.abs(diff).mean()),
+            "snr_db": float(10 * np.log10(np.mean(reference**2) / noise)) if noise else float("inf"),
+        }
+        print(f"{held} against computed: {report[f'{held} against computed']}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 
 
-def _run(model: LoadedModel, spec: GenerationSpec, fp16: bool) -> tuple[np.ndarray, dict[str, float]]:
+def _run(
+    model: LoadedModel, spec: GenerationSpec, held: FlowCacheDtype
+) -> tuple[np.ndarray, dict[str, float]]:
     """The request's samples, its wall seconds and the most its flow caches held (MiB)."""
-    engine = Engine(model.lm, model.flow, model.hift, engine_config_for(model, flow_cache_fp16=fp16))
+    engine = Engine(model.lm, model.flow, model.hift, engine_config_for(model, flow_cache_dtype=held))
     held = 0
     start = time.perf_counter()
     engine.add(spec)
