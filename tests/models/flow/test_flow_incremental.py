@@ -280,10 +280,13 @@ def test_engine_frees_the_flow_cache_of_an_aborted_stream(flow: Flow, hift: HiFT
     assert ref() is None
 
 
-def test_engine_config_checks_the_flow_cache_mode() -> None:
+def test_engine_config_checks_the_flow_cache_mode_and_dtype() -> None:
     assert EngineConfig().flow_cache in ("exact", "cached", "incremental")
     with pytest.raises(ValueError, match="flow_cache"):
         EngineConfig(flow_cache="fast")  # type: ignore[arg-type]
+    assert EngineConfig().flow_cache_dtype == "computed"
+    with pytest.raises(ValueError, match="flow_cache_dtype"):
+        EngineConfig(flow_cache_dtype="int4")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("prompt", "tokens", "first_hop"), [(25, 130, 5), (13, 70, None), (0, 58, 7)])
