@@ -1,5 +1,6 @@
-"""What the benchmark scripts share: their command-line arguments, and two ways of timing
-alternatives in turns so that a machine whose speed drifts during a run slows each alike.
+"""What the benchmark scripts share: their command-line arguments, how a waveform differs
+from a reference, and two ways of timing alternatives in turns so that a machine whose
+speed drifts during a run slows each alike.
 
 - :func:`interleaved`: variants of the same work in one process, call after call.
 - :class:`Turns` and :func:`take_turns`: worker processes that run their steps one at a
@@ -19,6 +20,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TypeVar
+
+import numpy as np
 
 T = TypeVar("T")
 
@@ -46,6 +49,15 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     ``--tokens`` speech tokens (150: 6 s of audio)."""
     parser.add_argument("--prompt", type=int, default=75, help="prompt speech tokens (3 s)")
     parser.add_argument("--tokens", type=int, default=150, help="speech tokens (6 s of audio)")
+
+
+def wave_errors(reference: np.ndarray, wave: np.ndarray) -> dict[str, float]:
+    """How ``wave`` differs from ``reference`` (as long): the largest and the mean absolute
+    difference, and the SNR in dB (infinite where they are equal)."""
+    diff = wave - reference
+    noise = float((diff**2).sum())
+    snr = float("inf") if noise == 0 else 10 * float(np.log10((reference**2).sum() / noise))
+    return {"max_err": float(np.abs(diff).max()), "mean_err": float(np.abs(diff).mean()), "snr_db": snr}
 
 
 def interleaved(

@@ -50,6 +50,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from common import wave_errors
 
 from cosyserve.engine.loader import LoadedModel, load_model
 from cosyserve.models.hift.generator import HiFTGenerator
@@ -278,14 +279,7 @@ def _compare(workdir: Path, setting: str) -> dict[str, Any]:
 
 
 def _wave_errors(kind: str, ref: np.ndarray, wave: np.ndarray) -> dict[str, float]:
-    diff = wave - ref
-    noise = float((diff**2).sum())
-    snr = float("inf") if noise == 0 else 10 * float(np.log10((ref**2).sum() / noise))
-    return {
-        f"{kind}_max_err": float(np.abs(diff).max()),
-        f"{kind}_mean_err": float(np.abs(diff).mean()),
-        f"{kind}_snr_db": snr,
-    }
+    return {f"{kind}_{name}": value for name, value in wave_errors(ref, wave).items()}
 
 
 def _mean_kl(ref_logits: np.ndarray, logits: np.ndarray) -> float:
