@@ -88,12 +88,9 @@ from upstream_models import build_upstream, upstream_unavailable  # noqa: E402
 from cosyserve.accel.plan import Plan  # noqa: E402
 from cosyserve.accel.precision_choices import Dtype, FlowQuantization, Profile, Quantization  # noqa: E402
 from cosyserve.bench.engine_bench import peak_rss_mb, reset_peak_rss  # noqa: E402
-from cosyserve.bench.workload import synthetic_text_ids, synthetic_voice  # noqa: E402
+from cosyserve.bench.workload import family_prompt, synthetic_text_ids, synthetic_voice  # noqa: E402
 from cosyserve.errors import ModelDirError  # noqa: E402
-from cosyserve.frontend.text_tokenizer import ENDOFPROMPT_ID  # noqa: E402
-from cosyserve.modeldir.family import Family  # noqa: E402
 from cosyserve.modeldir.layout import ModelDir  # noqa: E402
-from cosyserve.pipeline.llm_prompt import system_prompt  # noqa: E402
 from cosyserve.pipeline.voice import VoicePrompt  # noqa: E402
 
 WARM_UP_TOKENS = 10
@@ -133,17 +130,6 @@ def workload(model_dir: Path, args: argparse.Namespace) -> tuple[VoicePrompt, Te
     bursts = [ids[singles + n * args.streams : singles + (n + 1) * args.streams] for n in range(args.bursts)]
     texts = Texts(ids[0], ids[1 : 1 + args.repeats], ids[1 + args.repeats : singles], bursts)
     return voice, texts, hp.sample_rate
-
-
-def family_prompt(directory: ModelDir, voice: VoicePrompt) -> VoicePrompt:
-    """``voice`` with the LM prompt our frontend gives a zero-shot request of the directory's
-    family: CosyVoice 3's opens with its system prompt, which ends in ``<|endofprompt|>``
-    (upstream's CosyVoice 3 LM asserts the marker is there); CosyVoice 2's is the transcript."""
-    if directory.family is not Family.COSYVOICE3:
-        return voice
-    head = tuple(directory.text_tokenizer().encode(system_prompt()))
-    assert ENDOFPROMPT_ID in head, head
-    return dataclasses.replace(voice, prompt_text_ids=head + voice.prompt_text_ids)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""That ``benchmarks/load_memory.py`` and ``benchmarks/profiles.py`` run and report what
-docs/performance.md cites (``benchmarks/upstream_engine.py``: tests/test_benchmark_turns.py;
+"""That ``benchmarks/load_memory.py``, ``benchmarks/profiles.py`` and
+``benchmarks/stream_variants.py`` run and report what docs/performance.md cites
+(``benchmarks/upstream_engine.py``: tests/test_benchmark_turns.py;
 ``benchmarks/precision_quality.py``: tests/accel/test_precision.py)."""
 
 import json
@@ -37,6 +38,25 @@ def test_profiles_compares_the_default_with_explicit_flags(tiny_model_dir: Path,
         assert result["wall_s"] > 0 and result["lm_decode_s"] > 0 and result["flow_s"] > 0
     assert report["fastest_explicit"] == "--profile exact"
     assert report["ratio"] == results["no flags (auto)"]["wall_s"] / results["--profile exact"]["wall_s"]
+
+
+def test_stream_variants_runs_each_variant_in_its_own_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+    args = ("--variants", "plan,keys", "--streams", "2", "--bursts", "1", "--tokens", "30")
+    reports = _run_script("stream_variants.py", tiny_model_dir, tmp_path, *args)["reports"]
+    assert list(reports) == ["plan", "keys"]
+    for report in reports.values():
+        assert report["plan"].startswith("profile auto (")
+        assert report["peak_rss_mb"] > 0
+        (burst,) = report["bursts"]
+        assert burst["wall_s"] > 0 and burst["audio_s_per_s"] > 0
+        assert burst["engine"]["flow_calls"] > 0 and burst["engine"]["flow_rows"] >= 2
+
+
+def test_stream_variants_refuses_what_the_family_has_not(tiny3_model_dir: Path) -> None:
+    command = [sys.executable, str(BENCHMARKS / "stream_variants.py"), "--model-dir", str(tiny3_model_dir)]
+    done = subprocess.run([*command, "--variants", "plan,rows8"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "variant 'rows8' changes settings CosyVoice 2's flow has" in done.stderr
 
 
 def _run_script(name: str, model_dir: Path, tmp_path: Path, *args: str) -> Any:

@@ -5,11 +5,17 @@ the prompt is random too (tokens, mel and embedding from a seeded generator), wh
 the model exactly what a real prompt of the same length costs.
 """
 
+import dataclasses
+
 import torch
 
 from cosyserve.engine.request import GenerationSpec, Segment
+from cosyserve.frontend.text_tokenizer import ENDOFPROMPT_ID
+from cosyserve.modeldir.family import Family
 from cosyserve.modeldir.hparams import ModelHParams
 from cosyserve.modeldir.hparams3 import Model3HParams
+from cosyserve.modeldir.layout import ModelDir
+from cosyserve.pipeline.llm_prompt import system_prompt
 from cosyserve.pipeline.voice import VoicePrompt
 
 # Qwen2's regular ids end here; the special tokens above it are never random text.
@@ -34,6 +40,18 @@ def synthetic_voice(
         embedding=torch.randn(flow.spk_embed_dim, generator=gen),
         name=name or f"synthetic-{seed}",
     )
+
+
+def family_prompt(directory: ModelDir, voice: VoicePrompt) -> VoicePrompt:
+    """``voice`` with the LM prompt our frontend gives a zero-shot request of the directory's
+    family: CosyVoice 3's opens with its system prompt, which ends in ``<|endofprompt|>``
+    (upstream's CosyVoice 3 LM asserts the marker is there); CosyVoice 2's is the transcript."""
+    if directory.family is not Family.COSYVOICE3:
+        return voice
+    head = tuple(directory.text_tokenizer().encode(system_prompt()))
+    if ENDOFPROMPT_ID not in head:
+        raise ValueError("the system prompt does not end its prompt with <|endofprompt|>")
+    return dataclasses.replace(voice, prompt_text_ids=head + voice.prompt_text_ids)
 
 
 def synthetic_text_ids(
