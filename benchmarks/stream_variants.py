@@ -25,8 +25,9 @@ Variants (the plan's other choices unchanged):
 - ``fp32-weights``: the flow's Linear weights in float32 (``--flow-quantize none``), where
   the plan holds them in float16.
 
-The report gives per variant and burst the wall time, audio seconds per wall second and the
-engine's seconds per stage, and the process's peak RSS from its start (loading included).
+The report gives per variant its plan and stream settings, per burst the wall time, audio
+seconds per wall second and the engine's seconds per stage, and the process's peak RSS
+from its start (loading included).
 """
 
 import argparse
@@ -80,7 +81,8 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     plan = choose_plan(Machine.detect(), args.profile, Choices(flow_quantize=flow_weights))
     model = load_model(args.model_dir, plan)
     config = engine_config_for(model, max_active=max(8, args.streams), max_waiting=args.streams)
-    engine = Engine(model.lm, model.flow, model.hift, dataclasses.replace(config, **changes))
+    config = dataclasses.replace(config, **changes)
+    engine = Engine(model.lm, model.flow, model.hift, config)
     ids = (f"s{n}" for n in itertools.count())
     _streams(engine, voice, texts[:1], ids, args)  # the warm-up: primes the voice's flow prompt
     bursts = []
@@ -94,7 +96,8 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
         spent = {key: round(getattr(after, key) - getattr(before, key), 3) for key in STAGES}
         rate = samples / hparams.sample_rate / wall
         bursts.append({"wall_s": round(wall, 2), "audio_s_per_s": round(rate, 4), "engine": spent})
-    return {"plan": model.plan.describe(), "bursts": bursts, "peak_rss_mb": round(peak_rss_mb())}
+    settings = {name: getattr(config, name) for name in ("flow_stream_rows", "flow_cache_compact")}
+    return {"plan": model.plan.describe(), **settings, "bursts": bursts, "peak_rss_mb": round(peak_rss_mb())}
 
 
 def _streams(

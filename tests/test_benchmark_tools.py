@@ -44,6 +44,8 @@ def test_stream_variants_runs_each_variant_in_its_own_process(tiny_model_dir: Pa
     args = ("--variants", "plan,keys", "--streams", "2", "--bursts", "1", "--tokens", "30")
     reports = _run_script("stream_variants.py", tiny_model_dir, tmp_path, *args)["reports"]
     assert list(reports) == ["plan", "keys"]
+    assert reports["plan"]["flow_cache_compact"] is True  # the plan's
+    assert reports["keys"]["flow_cache_compact"] is False
     for report in reports.values():
         assert report["plan"].startswith("profile auto (")
         assert report["peak_rss_mb"] > 0
