@@ -3,9 +3,14 @@
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from cosyserve.cli.main import app
+from cosyserve.engine.engine import Engine
+from cosyserve.engine.request import GenerationSpec
+from cosyserve.modeldir.layout import ModelDir
+from cosyserve.pipeline.llm_prompt import system_prompt
 
 
 def test_bench_engine_reports_every_level(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -88,3 +93,23 @@ def test_bench_engine_refuses_a_precision_this_machine_cannot_run(tiny_model_dir
     )
     assert result.exit_code == 2
     assert result.stderr.startswith("error: fp16 needs a CUDA device") and result.stderr.count("\n") == 1
+
+
+def test_bench_engine_gives_cosyvoice3_its_system_prompt(
+    tiny3_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefixes: list[tuple[int, ...]] = []
+    add = Engine.add
+
+    def recording_add(self: Engine, spec: GenerationSpec) -> None:
+        prefixes.append(spec.lm_prefix_ids)
+        add(self, spec)
+
+    monkeypatch.setattr(Engine, "add", recording_add)
+    args = ["bench", "engine", "--model-dir", str(tiny3_model_dir), "--tokens", "8", "--concurrency", "1"]
+    args += ["--prompt-seconds", "0.4", "--rounds", "1", "--no-progress", "--json", str(tmp_path / "b.json")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    head = tuple(ModelDir.open(tiny3_model_dir).text_tokenizer().encode(system_prompt()))
+    assert prefixes and all(prefix[: len(head)] == head for prefix in prefixes)
+    assert all(len(prefix) > len(head) for prefix in prefixes)  # the transcript follows

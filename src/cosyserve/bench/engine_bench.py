@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cosyserve.bench.workload import synthetic_spec, synthetic_text_ids, synthetic_voice
+from cosyserve.bench.workload import family_prompt, synthetic_spec, synthetic_text_ids, synthetic_voice
 from cosyserve.engine.async_engine import AsyncEngine
 from cosyserve.engine.engine import Engine
 from cosyserve.engine.loader import LoadedModel, engine_config_for
@@ -125,7 +125,10 @@ def run_engine_bench(
     torch threads to the engine's thread and keeps one, as a server's event loop does."""
     threads = hand_over_threads()
     hp = model.hparams
-    voice = synthetic_voice(hp, options.prompt_seconds, seed=options.seed, name="bench")
+    # The LM prompt a real zero-shot request of this family gets (CosyVoice 3's system prompt).
+    voice = family_prompt(
+        model.model_dir, synthetic_voice(hp, options.prompt_seconds, seed=options.seed, name="bench")
+    )
     top = max(options.concurrency)
     config = engine_config_for(model, max_active=top, max_waiting=top)
     engine = AsyncEngine(Engine(model.lm, model.flow, model.hift, config), threads=threads)
