@@ -135,7 +135,14 @@ def main() -> None:
     if args.worker is not None:
         print(json.dumps(run_variant(args)), flush=True)
         return
+    for option in ("streams", "bursts", "tokens"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option} must be at least 1")
+    if args.prompt_seconds <= 0:
+        parser.error("--prompt-seconds must be positive")
     names = [name.strip() for name in args.variants.split(",")]
+    if len(set(names)) != len(names):
+        parser.error("each variant may be named once")
     family = ModelDir.open(args.model_dir).family
     for name in names:
         if name not in VARIANTS:

@@ -54,11 +54,22 @@ def test_stream_variants_runs_each_variant_in_its_own_process(tiny_model_dir: Pa
         assert burst["engine"]["flow_calls"] > 0 and burst["engine"]["flow_rows"] >= 2
 
 
-def test_stream_variants_refuses_what_the_family_has_not(tiny3_model_dir: Path) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--variants", "plan,rows8"), "variant 'rows8' changes settings CosyVoice 2's flow has"),
+        (("--variants", "plan,plan"), "each variant may be named once"),
+        (("--variants", "plan,fast"), "unknown variant 'fast'"),
+        (("--streams", "0"), "--streams must be at least 1"),
+    ],
+)
+def test_stream_variants_refuses_bad_arguments(
+    tiny3_model_dir: Path, args: tuple[str, ...], message: str
+) -> None:
     command = [sys.executable, str(BENCHMARKS / "stream_variants.py"), "--model-dir", str(tiny3_model_dir)]
-    done = subprocess.run([*command, "--variants", "plan,rows8"], capture_output=True, text=True)
+    done = subprocess.run([*command, *args], capture_output=True, text=True)
     assert done.returncode == 2
-    assert "variant 'rows8' changes settings CosyVoice 2's flow has" in done.stderr
+    assert message in done.stderr
 
 
 def _run_script(name: str, model_dir: Path, tmp_path: Path, *args: str) -> Any:
