@@ -6,6 +6,7 @@ from cosyserve.models.int8_rows import (
     as_dtype,
     copy_head,
     head,
+    held_tensors,
     new_held,
     read_into,
     row_bytes,
@@ -67,5 +68,7 @@ def test_a_clone_and_views_share_nothing_and_everything_as_they_should() -> None
 
 def test_memory_is_a_byte_a_value_and_a_float32_scale_a_row() -> None:
     rows = _rows(capacity=10)
-    assert rows.nbytes() == 2 * 3 * 10 * row_bytes(16, torch.int8) == 2 * 3 * 10 * (16 + 4)
+    # What the caches count (held_tensors) is what the budgets assume (row_bytes).
+    held = sum(t.numel() * t.element_size() for t in held_tensors(rows))
+    assert held == 2 * 3 * 10 * row_bytes(16, torch.int8) == 2 * 3 * 10 * (16 + 4)
     assert row_bytes(16, torch.float16) == 32 and row_bytes(16, torch.float32) == 64

@@ -78,9 +78,6 @@ class Int8Rows:
     def tensors(self) -> tuple[Tensor, Tensor]:
         return self.data, self.scale
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors())
-
 
 Held = Tensor | Int8Rows  # cached positions ``(B, H, n, d)`` as held: a tensor or int8 rows
 
